@@ -1,0 +1,1 @@
+//! loom model harness (filled in by issue 4).

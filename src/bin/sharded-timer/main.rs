@@ -1,0 +1,2 @@
+//! The load driver (filled in by issue 3).
+fn main() {}

@@ -1,0 +1,418 @@
+//! Boundary tests and the reference-model property suite for [`TimingWheel`].
+//!
+//! The property suite drives the wheel and a `BTreeMap` model with the same random
+//! sequence of inserts (deadlines in the past, at the current tick, near every level
+//! edge, far, and near `u64::MAX`), removes (live and stale keys) and advances (one
+//! tick, small steps, large jumps, straight to `next_expiry`, backwards, to the end of
+//! time). It proves, for every sequence:
+//!
+//! - exactly once: each entry is yielded once, or removed once, never both;
+//! - on time: at the first `advance` whose `now` is at or after its deadline (an entry
+//!   inserted overdue counts as due at the tick it was inserted at), never earlier,
+//!   with the deadline it was inserted with;
+//! - in order: within one `advance`, yields are in non-decreasing deadline order;
+//! - a stale key returns `None` and disturbs nothing;
+//! - `next_expiry` is `None` iff empty, never after the earliest deadline, never before
+//!   `now`, equal to `now` only when something is overdue, and after every `advance`
+//!   strictly after `now` (so advancing to it always makes progress);
+//! - `len` matches the model after every step.
+//!
+//! Seeds are fixed, so a failure reproduces; there are no threads and no clock.
+
+use std::collections::{BTreeSet, HashMap};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed};
+
+use super::{TimingWheel, WheelKey};
+
+fn drain(wheel: &mut TimingWheel<u64>, now: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    wheel.advance(now, &mut |deadline, value| out.push((deadline, value)));
+    out
+}
+
+#[test]
+fn fires_exactly_at_every_level_edge_never_before() {
+    let mut edges = vec![1u64, 63, 64, 65, 4095, 4096, 4097];
+    for level in 2..11u32 {
+        let edge = 1u64 << (6 * level);
+        edges.extend([edge - 1, edge, edge + 1]);
+    }
+    edges.push(u64::MAX - 1);
+    edges.push(u64::MAX);
+    for &deadline in &edges {
+        let mut wheel = TimingWheel::new(0);
+        wheel.insert(deadline, deadline);
+        assert!(wheel.next_expiry().unwrap() <= deadline);
+        assert_eq!(drain(&mut wheel, deadline - 1), [], "early at {deadline}");
+        assert_eq!(
+            drain(&mut wheel, deadline),
+            [(deadline, deadline)],
+            "missed {deadline}"
+        );
+        assert!(wheel.is_empty());
+        assert_eq!(wheel.next_expiry(), None);
+    }
+}
+
+#[test]
+fn all_edges_together_come_out_in_deadline_order() {
+    let mut wheel = TimingWheel::new(0);
+    let mut deadlines = vec![1u64, 63, 64, 4095, 4096, 1 << 36, (1 << 36) - 1, u64::MAX];
+    for &d in deadlines.iter().rev() {
+        wheel.insert(d, d);
+    }
+    deadlines.sort_unstable();
+    let got: Vec<u64> = drain(&mut wheel, u64::MAX)
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect();
+    assert_eq!(got, deadlines);
+}
+
+#[test]
+fn insert_at_current_tick_and_in_the_past_is_due_at_next_advance() {
+    let mut wheel = TimingWheel::new(1000);
+    wheel.insert(1001, 3);
+    wheel.insert(1000, 1);
+    wheel.insert(5, 2);
+    wheel.insert(0, 4);
+    assert_eq!(wheel.next_expiry(), Some(1000));
+    let mut got = drain(&mut wheel, 1000);
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        [(0, 4), (5, 2), (1000, 1)],
+        "original deadlines, not 1001"
+    );
+    assert_eq!(wheel.next_expiry(), Some(1001));
+    assert_eq!(drain(&mut wheel, 1001), [(1001, 3)]);
+}
+
+#[test]
+fn overdue_entries_come_before_later_ones_in_one_advance() {
+    let mut wheel = TimingWheel::new(10);
+    wheel.insert(11, 11);
+    wheel.insert(3, 3);
+    assert_eq!(drain(&mut wheel, 20), [(3, 3), (11, 11)]);
+}
+
+#[test]
+fn advance_backwards_only_yields_overdue_and_keeps_now() {
+    let mut wheel = TimingWheel::new(100);
+    wheel.insert(50, 50);
+    wheel.insert(101, 101);
+    assert_eq!(drain(&mut wheel, 7), [(50, 50)]);
+    assert_eq!(wheel.now(), 100);
+    assert_eq!(wheel.len(), 1);
+}
+
+#[test]
+fn near_u64_max_start_and_deadlines_do_not_overflow() {
+    let mut wheel = TimingWheel::new(u64::MAX - 3);
+    wheel.insert(u64::MAX, 1);
+    wheel.insert(u64::MAX - 2, 2);
+    wheel.insert(u64::MAX - 3, 3);
+    assert_eq!(drain(&mut wheel, u64::MAX - 3), [(u64::MAX - 3, 3)]);
+    assert_eq!(drain(&mut wheel, u64::MAX - 1), [(u64::MAX - 2, 2)]);
+    assert_eq!(drain(&mut wheel, u64::MAX), [(u64::MAX, 1)]);
+    assert_eq!(wheel.now(), u64::MAX);
+    wheel.insert(u64::MAX, 9);
+    assert_eq!(wheel.next_expiry(), Some(u64::MAX));
+    assert_eq!(drain(&mut wheel, u64::MAX), [(u64::MAX, 9)]);
+}
+
+#[test]
+fn stale_keys_return_none_even_after_storage_reuse() {
+    let mut wheel = TimingWheel::new(0);
+    let removed = wheel.insert(10, 1);
+    assert_eq!(wheel.remove(removed), Some(1));
+    assert_eq!(wheel.remove(removed), None);
+    let expired = wheel.insert(5, 2);
+    assert_eq!(drain(&mut wheel, 5), [(5, 2)]);
+    assert_eq!(wheel.remove(expired), None);
+    let reused = wheel.insert(7, 3);
+    assert_eq!(
+        wheel.remove(removed),
+        None,
+        "old key must not hit the reused node"
+    );
+    assert_eq!(wheel.remove(expired), None);
+    assert_eq!(wheel.len(), 1);
+    assert_eq!(wheel.remove(reused), Some(3));
+}
+
+#[test]
+fn removing_the_last_entry_of_a_slot_clears_next_expiry() {
+    let mut wheel = TimingWheel::new(0);
+    let a = wheel.insert(4096, 1);
+    let b = wheel.insert(4097, 2);
+    assert_eq!(wheel.next_expiry(), Some(4096));
+    wheel.remove(a);
+    assert_eq!(
+        wheel.next_expiry(),
+        Some(4096),
+        "same level-2 slot still occupied"
+    );
+    wheel.remove(b);
+    assert_eq!(wheel.next_expiry(), None);
+}
+
+#[test]
+fn cost_does_not_depend_on_empty_ticks() {
+    let mut wheel = TimingWheel::new(0);
+    for d in [1_000u64, 1_000_000_000, 1_000_000_000_000] {
+        wheel.insert(d, d);
+    }
+    let mut fired = Vec::new();
+    let mut steps = 0;
+    while let Some(t) = wheel.next_expiry() {
+        steps += 1;
+        wheel.advance(t, &mut |d, _| fired.push(d));
+        assert!(
+            steps <= 3 * 11,
+            "more steps than 3 entries x 11 levels: {steps}"
+        );
+    }
+    assert_eq!(fired, [1_000, 1_000_000_000, 1_000_000_000_000]);
+    // One call over 10^12 ticks does the same bounded work.
+    let mut wheel = TimingWheel::new(0);
+    for d in [1_000u64, 1_000_000_000, 1_000_000_000_000] {
+        wheel.insert(d, d);
+    }
+    assert_eq!(drain(&mut wheel, 1_000_000_000_000).len(), 3);
+}
+
+#[test]
+fn many_entries_in_one_tick_all_fire() {
+    let mut wheel = TimingWheel::new(0);
+    let n = if cfg!(miri) { 100 } else { 10_000 };
+    for i in 0..n {
+        wheel.insert(300_000, i);
+    }
+    assert_eq!(drain(&mut wheel, 299_999).len(), 0);
+    assert_eq!(drain(&mut wheel, 300_000).len(), n as usize);
+}
+
+/// Where an inserted deadline lands relative to the wheel's current tick.
+#[derive(Clone, Debug)]
+enum Deadline {
+    Past(u64),
+    Now,
+    Near(u64),
+    LevelEdge { level: u32, delta: i64 },
+    Far(u64),
+    NearMax(u64),
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    One,
+    Small(u64),
+    Jump(u64),
+    ToNextExpiry,
+    Backwards(u64),
+    ToEnd,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(Deadline),
+    RemoveLive(usize),
+    RemoveStale(usize),
+    Advance(Step),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    let deadline = prop_oneof![
+        2 => (1u64..200).prop_map(Deadline::Past),
+        2 => Just(Deadline::Now),
+        6 => (1u64..64).prop_map(Deadline::Near),
+        4 => (1u32..11, -2i64..=2).prop_map(|(level, delta)| Deadline::LevelEdge { level, delta }),
+        3 => (1u64..1 << 40).prop_map(Deadline::Far),
+        1 => (0u64..100).prop_map(Deadline::NearMax),
+    ];
+    let step = prop_oneof![
+        4 => Just(Step::One),
+        4 => (1u64..200).prop_map(Step::Small),
+        1 => (1u64..1 << 38).prop_map(Step::Jump),
+        4 => Just(Step::ToNextExpiry),
+        1 => (0u64..50).prop_map(Step::Backwards),
+        1 => Just(Step::ToEnd),
+    ];
+    prop_oneof![
+        10 => deadline.prop_map(Op::Insert),
+        4 => any::<usize>().prop_map(Op::RemoveLive),
+        1 => any::<usize>().prop_map(Op::RemoveStale),
+        5 => step.prop_map(Op::Advance),
+    ]
+}
+
+/// The reference model: live entries by id, with their key, original deadline and
+/// effective deadline (the tick at which they are due), indexed by effective deadline.
+#[derive(Default)]
+struct Model {
+    /// id -> (key, original deadline, effective deadline, position in `ids`).
+    live: HashMap<u64, (WheelKey, u64, u64, usize)>,
+    /// Live ids, for picking one at random in O(1).
+    ids: Vec<u64>,
+    /// `(effective deadline, id)` of every live entry: the reference order.
+    by_deadline: BTreeSet<(u64, u64)>,
+    stale: Vec<WheelKey>,
+    next_id: u64,
+    /// `ToEnd` is allowed once per case so most of the case runs below `u64::MAX`.
+    ended: bool,
+}
+
+impl Model {
+    fn add(&mut self, id: u64, key: WheelKey, deadline: u64, effective: u64) {
+        self.live
+            .insert(id, (key, deadline, effective, self.ids.len()));
+        self.ids.push(id);
+        self.by_deadline.insert((effective, id));
+    }
+
+    /// Removes a live id and returns (key, original deadline, effective deadline).
+    fn take(&mut self, id: u64) -> Option<(WheelKey, u64, u64)> {
+        let (key, deadline, effective, pos) = self.live.remove(&id)?;
+        self.ids.swap_remove(pos);
+        if let Some(&moved) = self.ids.get(pos) {
+            self.live.get_mut(&moved).unwrap().3 = pos;
+        }
+        self.by_deadline.remove(&(effective, id));
+        self.stale.push(key);
+        Some((key, deadline, effective))
+    }
+}
+
+fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut wheel = TimingWheel::new(0);
+    let mut model = Model::default();
+    for op in ops {
+        let now = wheel.now();
+        match op {
+            Op::Insert(choice) => {
+                let deadline = match *choice {
+                    Deadline::Past(back) => now.saturating_sub(back),
+                    Deadline::Now => now,
+                    Deadline::Near(ahead) | Deadline::Far(ahead) => now.saturating_add(ahead),
+                    Deadline::LevelEdge { level, delta } => {
+                        let edge = 1u64 << (6 * level);
+                        let base = now & !(edge - 1);
+                        base.saturating_add(edge).saturating_add_signed(delta)
+                    }
+                    Deadline::NearMax(back) => u64::MAX - back,
+                };
+                let id = model.next_id;
+                model.next_id += 1;
+                let key = wheel.insert(deadline, id);
+                model.add(id, key, deadline, deadline.max(now));
+            }
+            Op::RemoveLive(pick) => {
+                if model.live.is_empty() {
+                    continue;
+                }
+                let id = model.ids[pick % model.ids.len()];
+                let (key, _, _) = model.take(id).unwrap();
+                prop_assert_eq!(wheel.remove(key), Some(id));
+            }
+            Op::RemoveStale(pick) => {
+                if model.stale.is_empty() {
+                    continue;
+                }
+                let key = model.stale[pick % model.stale.len()];
+                prop_assert_eq!(wheel.remove(key), None);
+            }
+            Op::Advance(step) => {
+                let earliest = model.by_deadline.first().map(|&(eff, _)| eff);
+                let next = wheel.next_expiry();
+                prop_assert_eq!(next.is_none(), earliest.is_none());
+                if let (Some(next), Some(earliest)) = (next, earliest) {
+                    prop_assert!(
+                        next <= earliest,
+                        "next_expiry {} after earliest {}",
+                        next,
+                        earliest
+                    );
+                    prop_assert!(next >= now);
+                    prop_assert_eq!(
+                        next == now,
+                        earliest <= now,
+                        "next_expiry == now iff overdue"
+                    );
+                }
+                let target = match *step {
+                    Step::One => now.saturating_add(1),
+                    Step::Small(n) | Step::Jump(n) => now.saturating_add(n),
+                    Step::ToNextExpiry => next.unwrap_or(now),
+                    Step::Backwards(n) => now.saturating_sub(n),
+                    Step::ToEnd if !model.ended => {
+                        model.ended = true;
+                        u64::MAX
+                    }
+                    Step::ToEnd => now.saturating_add(1),
+                };
+                let yielded = drain(&mut wheel, target);
+                let due_by = target.max(now);
+                let expected = model.by_deadline.range(..=(due_by, u64::MAX)).count();
+                prop_assert_eq!(yielded.len(), expected, "advance {} -> {}", now, target);
+                let mut last_effective = 0;
+                for &(deadline, id) in &yielded {
+                    let Some((_, original, effective)) = model.take(id) else {
+                        return Err(TestCaseError::fail(format!(
+                            "id {id} yielded twice or never inserted"
+                        )));
+                    };
+                    prop_assert_eq!(deadline, original, "yielded with its original deadline");
+                    prop_assert!(
+                        effective <= due_by,
+                        "early: id {} due {} at {}",
+                        id,
+                        effective,
+                        due_by
+                    );
+                    prop_assert!(effective >= last_effective, "out of deadline order");
+                    last_effective = effective;
+                }
+                prop_assert_eq!(wheel.now(), due_by);
+                if let Some(next) = wheel.next_expiry() {
+                    prop_assert!(
+                        next > wheel.now(),
+                        "after advance next_expiry {} must be after now {}",
+                        next,
+                        wheel.now()
+                    );
+                }
+            }
+        }
+        prop_assert_eq!(wheel.len(), model.live.len());
+    }
+    // Finally everything still held comes out at the end of time, exactly once.
+    let rest = drain(&mut wheel, u64::MAX);
+    prop_assert_eq!(rest.len(), model.live.len());
+    for (_, id) in rest {
+        prop_assert!(model.take(id).is_some());
+    }
+    prop_assert!(wheel.is_empty());
+    Ok(())
+}
+
+fn config() -> Config {
+    Config {
+        cases: if cfg!(miri) { 2 } else { 256 },
+        rng_seed: RngSeed::Fixed(0x5eed_71e4),
+        failure_persistence: None,
+        max_shrink_iters: 2_000,
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn wheel_matches_btreemap_model(ops in prop::collection::vec(op_strategy(), if cfg!(miri) { 200..201 } else { 10_000..10_001 })) {
+        run_case(&ops)?;
+    }
+}
