@@ -1,12 +1,98 @@
-//! sharded-timer: hierarchical hashed timing wheels for programs that keep very many
-//! timers.
+//! sharded-timer: hierarchical hashed timing wheels, one per core, for programs that
+//! keep millions of timers and create and cancel them from many threads at once.
 //!
-//! This first landing provides [`wheel::TimingWheel`], the single-threaded,
-//! tick-driven wheel every shard will be built on (Varghese & Lauck 1987, scheme 7,
-//! with per-level occupancy bitmaps).
+//! ```
+//! use std::time::Duration;
+//! use sharded_timer::ShardedTimer;
+//!
+//! let timer = ShardedTimer::new();
+//! let handle = timer.schedule(Duration::from_secs(30), || println!("request timed out"))?;
+//! // ... the response arrived in time:
+//! assert!(handle.cancel());
+//! # Ok::<(), sharded_timer::ScheduleError>(())
+//! ```
+//!
+//! # Design
+//!
+//! Each timer is one heap allocation (state, deadline and callback). [`schedule`]
+//! routes it by the hash of its [`TimerId`] to a *shard*: a thread with its own
+//! hierarchical timing wheel ([`wheel::TimingWheel`]'s engine; Varghese & Lauck 1987,
+//! scheme 7) fed through a bounded lock-free MPSC ring. [`TimerHandle::cancel`] is one
+//! compare-and-swap on the entry's state. Each shard advances its wheel to the current
+//! tick, fires due timers, hands their callbacks to a work-stealing pool in batches,
+//! and parks until its next expiry: an idle service makes no wakeups.
+//!
+//! # Guarantees
+//!
+//! 1. **Never early.** A callback starts at or after its deadline, measured with
+//!    `Instant`.
+//! 2. **On time.** Under normal load it starts within one tick (plus wake-up latency)
+//!    after it.
+//! 3. **Exactly once.** A callback runs once, unless [`cancel`] returned `true` (then
+//!    never) or the service stopped first (then [`shutdown`] returns it as an
+//!    [`Unfired`], or it is dropped if the last [`ShardedTimer`] was dropped). Nothing
+//!    is silently lost.
+//! 4. **Dropping a handle does not cancel.** Fire-and-forget is the common case.
+//! 5. **Re-entrant.** [`schedule`] and [`cancel`] work from inside callbacks.
+//! 6. **Bounded when asked.** With [`Builder::max_pending`]`(n)`, the `n + 1`-th
+//!    pending timer gets [`ScheduleError::TooManyPending`]; firing and cancelling
+//!    free room again.
+//! 7. **Shutdown.** After [`shutdown`] starts, [`schedule`] returns
+//!    [`ScheduleError::Shutdown`]. Callbacks already handed to the executor finish
+//!    before it returns; everything still pending, in wheels or rings, comes back as
+//!    [`Unfired`]. Dropping the last clone shuts down too.
+//! 8. **Odd input never panics.** `Duration::ZERO` or a past `Instant` fire on the
+//!    next tick; a delay beyond the wheel's range or `Duration::MAX` saturates (never
+//!    early, never a panic).
+//!
+//! **Happens-before.** Everything the scheduling thread did before [`schedule`]
+//! returned happens-before the callback starts (the entry is published by a Release
+//! store in the ring and taken with an Acquire load, then handed to the executor
+//! through crossbeam-deque, which synchronises likewise). A [`cancel`] that returns
+//! `true` has dropped the callback before it returns.
+//!
+//! A callback that captures a clone of its own [`ShardedTimer`] keeps the service
+//! alive while it is pending: call [`shutdown`] to stop such a service (the pending
+//! callbacks, and their clones, come back as [`Unfired`]).
+//!
+//! # Unsafe code
+//!
+//! Only three modules use `unsafe`, each owning one invariant (every other module is
+//! `#![forbid(unsafe_code)]`):
+//!
+//! - `entry`: the entry allocation, its reference count, the callback cell (owned by
+//!   the winner of the state CAS) and the shard-only wheel place;
+//! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
+//! - `sync`: none of its own; it forwards to std or loom.
+//!
+//! [`schedule`]: ShardedTimer::schedule
+//! [`cancel`]: TimerHandle::cancel
+//! [`shutdown`]: ShardedTimer::shutdown
 #![cfg_attr(
     loom,
     allow(dead_code, reason = "the loom build compiles only the modelled parts")
 )]
 
+// Maintainer notes (not rendered).
+//
+// Ownership of an entry's "service reference" moves: schedule -> insert ring -> shard
+// (wheel, or "awaiting cancel message") -> executor task or Unfired. A cancel that wins
+// while the entry is filed sends a message that does not own a reference: the shard
+// keeps the wheel's reference until that message arrives (entry ground rule 4), and
+// never exits while such a message is outstanding. That is why a TimerHandle can hold
+// a plain pointer to its shard's cancel ring.
+
+mod clock;
+mod entry;
+mod error;
+mod executor;
+mod handle;
+mod ring;
+mod shard;
+mod sync;
+mod timer;
 pub mod wheel;
+
+pub use error::{BuildError, ScheduleError};
+pub use handle::{TimerHandle, TimerId, TimerState, Unfired};
+pub use timer::{Builder, ShardedTimer, Stats};

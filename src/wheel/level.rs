@@ -27,15 +27,17 @@ const SLOT_MASK: u64 = SLOTS_PER_LEVEL as u64 - 1;
 /// every slot (a high level's slot can briefly hold millions).
 pub(crate) const RETAINED_LIST_CAPACITY: usize = 1024;
 
-/// One level: the slab indices held in each slot and a bitmap of the non-empty slots.
-pub(crate) struct Level {
+/// One level: the entry references held in each slot and a bitmap of the non-empty
+/// slots.
+pub(crate) struct Level<R> {
     /// Bit `s` is set iff slot `s` holds at least one entry (`slots[s]` is non-empty).
     pub(crate) occupied: u64,
-    /// Slab indices of the entries in each slot, in no particular order.
-    pub(crate) slots: [Vec<u32>; SLOTS_PER_LEVEL],
+    /// References (slab indices, or entry pointers in a shard) of the entries in each
+    /// slot, in no particular order.
+    pub(crate) slots: [Vec<R>; SLOTS_PER_LEVEL],
 }
 
-impl Level {
+impl<R> Level<R> {
     /// An empty level.
     pub(crate) const fn new() -> Self {
         Level {
@@ -54,7 +56,7 @@ impl Level {
     }
 }
 
-impl core::fmt::Debug for Level {
+impl<R> core::fmt::Debug for Level<R> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         write!(f, "Level {{ occupied: {:#018x} }}", self.occupied)
     }

@@ -28,18 +28,15 @@
 
 #![forbid(unsafe_code)]
 
+mod engine;
 mod level;
 mod slab;
 #[cfg(test)]
 mod tests;
 
-use level::{
-    level_for, slot_for, slot_start, Level, NUM_LEVELS, RETAINED_LIST_CAPACITY, SLOTS_PER_LEVEL,
-};
 use slab::Slab;
 
-/// The list id of the overdue list (entries inserted with a deadline `<=` now).
-const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
+pub(crate) use engine::{Place, Store, Wheel};
 
 /// Names one entry inserted into a [`TimingWheel`].
 ///
@@ -88,16 +85,24 @@ pub struct WheelKey {
 /// assert!(wheel.is_empty());
 /// ```
 pub struct TimingWheel<T> {
-    /// The current tick: every entry still held has a deadline after it, except those
-    /// on the overdue list.
-    now: u64,
-    /// Level 0 (one tick per slot) to level 10 (2^60 ticks per slot).
-    levels: Box<[Level; NUM_LEVELS]>,
-    /// Entries inserted with a deadline `<=` `now`; the next
-    /// [`advance`](Self::advance) yields them first.
-    overdue: Vec<u32>,
-    /// Storage for every entry.
+    /// The levels and overdue list, holding slab indices.
+    wheel: Wheel<u32>,
+    /// Storage for every entry: deadline, place and value.
     slab: Slab<T>,
+}
+
+impl<T> Store for Slab<T> {
+    type Ref = u32;
+    fn deadline(&self, index: u32) -> u64 {
+        Slab::deadline(self, index)
+    }
+    fn place(&self, index: u32) -> Place {
+        let (list, position) = Slab::place(self, index);
+        Place { list, position }
+    }
+    fn set_place(&mut self, index: u32, place: Place) {
+        Slab::set_place(self, index, place.list, place.position);
+    }
 }
 
 impl<T> TimingWheel<T> {
@@ -118,9 +123,7 @@ impl<T> TimingWheel<T> {
     /// If the allocation fails or `capacity` overflows `isize::MAX` bytes.
     pub fn with_capacity(now: u64, capacity: usize) -> Self {
         TimingWheel {
-            now,
-            levels: Box::new([const { Level::new() }; NUM_LEVELS]),
-            overdue: Vec::new(),
+            wheel: Wheel::new(now),
             slab: Slab::with_capacity(capacity),
         }
     }
@@ -128,7 +131,7 @@ impl<T> TimingWheel<T> {
     /// The current tick: the last `now` passed to [`advance`](Self::advance), or the
     /// one given to [`new`](Self::new).
     pub fn now(&self) -> u64 {
-        self.now
+        self.wheel.now()
     }
 
     /// The number of entries held.
@@ -158,7 +161,7 @@ impl<T> TimingWheel<T> {
     /// Only if `u32::MAX - 1` entries are already held.
     pub fn insert(&mut self, deadline: u64, value: T) -> WheelKey {
         let (index, generation) = self.slab.insert(deadline, value);
-        self.file(index, deadline);
+        self.wheel.insert(&mut self.slab, index);
         WheelKey { index, generation }
     }
 
@@ -168,20 +171,7 @@ impl<T> TimingWheel<T> {
         if !self.slab.is_live(key.index, key.generation) {
             return None;
         }
-        let (list, position) = self.slab.place(key.index);
-        let (slots, occupied_bit) = self.list_mut(list);
-        let removed = slots.swap_remove(position as usize);
-        debug_assert_eq!(
-            removed, key.index,
-            "wheel invariant: node position is stale"
-        );
-        if let Some(&moved) = slots.get(position as usize) {
-            self.slab.set_place(moved, list, position);
-        } else if slots.is_empty() {
-            if let Some((occupied, bit)) = occupied_bit {
-                *occupied &= !bit;
-            }
-        }
+        self.wheel.remove(&mut self.slab, key.index);
         Some(self.slab.take(key.index).1)
     }
 
@@ -194,10 +184,7 @@ impl<T> TimingWheel<T> {
     /// advancing to it always makes progress (yields or cascades), so a caller may
     /// sleep exactly until it.
     pub fn next_expiry(&self) -> Option<u64> {
-        if !self.overdue.is_empty() {
-            return Some(self.now);
-        }
-        self.next_occupied().map(|(_, _, start)| start)
+        self.wheel.next_expiry()
     }
 
     /// Moves the current tick forward to `now` and calls `expired(deadline, value)`
@@ -211,103 +198,17 @@ impl<T> TimingWheel<T> {
     /// depend on how many ticks are skipped: advancing from 0 to 10^12 over three
     /// entries does at most a few dozen steps.
     pub fn advance(&mut self, now: u64, expired: &mut impl FnMut(u64, T)) {
-        if !self.overdue.is_empty() {
-            let mut overdue = core::mem::take(&mut self.overdue);
-            for &index in &overdue {
-                let (deadline, value) = self.slab.take(index);
-                expired(deadline, value);
-            }
-            overdue.clear();
-            self.overdue = overdue;
-        }
-        while let Some((level, slot, start)) = self.next_occupied() {
-            if start > now {
-                break;
-            }
-            debug_assert!(
-                start >= self.now,
-                "wheel invariant: slot start {start} before now {}",
-                self.now
-            );
-            self.now = start;
-            let lvl = &mut self.levels[level];
-            lvl.occupied &= !(1u64 << slot);
-            let mut indices = core::mem::take(&mut lvl.slots[slot]);
-            for &index in &indices {
-                let deadline = self.slab.deadline(index);
-                if deadline <= start {
-                    let (deadline, value) = self.slab.take(index);
-                    expired(deadline, value);
-                } else {
-                    debug_assert!(
-                        level > 0,
-                        "wheel invariant: a level-0 slot holds only its own tick"
-                    );
-                    self.file(index, deadline);
-                }
-            }
-            // Entries cascade only to lower levels, so this slot is still empty.
-            if indices.capacity() <= RETAINED_LIST_CAPACITY {
-                indices.clear();
-                self.levels[level].slots[slot] = indices;
-            }
-        }
-        self.now = self.now.max(now);
-    }
-
-    /// Places a live node in the list for `deadline` relative to `now`.
-    fn file(&mut self, index: u32, deadline: u64) {
-        let (list, slots) = if deadline <= self.now {
-            (OVERDUE_LIST, &mut self.overdue)
-        } else {
-            let level = level_for(self.now, deadline);
-            let slot = slot_for(deadline, level);
-            let lvl = &mut self.levels[level];
-            lvl.occupied |= 1u64 << slot;
-            (
-                (level * SLOTS_PER_LEVEL + slot) as u16,
-                &mut lvl.slots[slot],
-            )
-        };
-        let position = slots.len() as u32;
-        slots.push(index);
-        self.slab.set_place(index, list, position);
-    }
-
-    /// The vector of list `list`, and for a slot list its level's occupied bitmap and
-    /// the slot's bit.
-    fn list_mut(&mut self, list: u16) -> (&mut Vec<u32>, Option<(&mut u64, u64)>) {
-        if list == OVERDUE_LIST {
-            return (&mut self.overdue, None);
-        }
-        let (level, slot) = (
-            list as usize / SLOTS_PER_LEVEL,
-            list as usize % SLOTS_PER_LEVEL,
-        );
-        let lvl = &mut self.levels[level];
-        (
-            &mut lvl.slots[slot],
-            Some((&mut lvl.occupied, 1u64 << slot)),
-        )
-    }
-
-    /// The earliest occupied slot: `(level, slot, first tick of the slot)`.
-    ///
-    /// Entries at a lower level always lie before any higher level's occupied slot
-    /// (they are inside the current tick's slot of every level above them), so the
-    /// first occupied level holds the earliest slot.
-    fn next_occupied(&self) -> Option<(usize, usize, u64)> {
-        self.levels.iter().enumerate().find_map(|(level, lvl)| {
-            lvl.first_occupied()
-                .map(|slot| (level, slot, slot_start(self.now, level, slot)))
-        })
+        self.wheel.advance(&mut self.slab, now, &mut |slab, index| {
+            let (deadline, value) = slab.take(index);
+            expired(deadline, value);
+        });
     }
 }
 
 impl<T> core::fmt::Debug for TimingWheel<T> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("TimingWheel")
-            .field("now", &self.now)
+            .field("now", &self.now())
             .field("len", &self.len())
             .field("next_expiry", &self.next_expiry())
             .finish()

@@ -1,0 +1,139 @@
+//! `keepalive`: many connections, each with an idle timeout re-armed by every packet.
+//! Half the connections are busy (a packet every fifth of the timeout), half silent.
+//! Silent connections must expire once, on time; busy ones only after they fall
+//! silent at the end. Until `TimerHandle::reset` exists, a re-arm is cancel +
+//! schedule.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sharded_timer::{ShardedTimer, TimerHandle};
+
+use crate::report::{Lateness, Meter, WorkloadReport};
+use crate::tracker::Tracker;
+use crate::Common;
+
+/// Timeouts the busy phase lasts.
+const BUSY_TIMEOUTS: f64 = 3.0;
+
+/// Arms connection `index`'s idle timer: it expires `timeout` from now.
+fn arm(timer: &ShardedTimer, tracker: &'static Tracker, index: usize) -> TimerHandle {
+    let deadline = Instant::now() + tracker.span;
+    timer
+        .schedule_at(deadline, move || tracker.record(index, deadline))
+        .expect("the service accepts timers")
+}
+
+/// Runs `connections` connections with an idle timeout of `timeout_s` (scaled).
+pub(crate) fn run(common: &Common, connections: usize, timeout_s: f64) -> WorkloadReport {
+    let timer = common.service("keepalive");
+    let timeout = common.scaled(timeout_s);
+    let packet_interval = timeout / 5;
+    let tracker = Tracker::leak(connections, Instant::now(), timeout);
+    let meter = Meter::start();
+    let busy_expired = AtomicU64::new(0);
+    let bar = common.progress("keepalive", (BUSY_TIMEOUTS * 1000.0) as u64);
+    let start = Instant::now();
+    let busy_until = start + timeout.mul_f64(BUSY_TIMEOUTS);
+    let rearms: u64 = std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..common.producers)
+            .map(|producer| {
+                let (timer, bar, busy_expired) = (&timer, &bar, &busy_expired);
+                scope.spawn(move || {
+                    // Even connections are busy, odd ones silent.
+                    let mine: Vec<usize> =
+                        (producer..connections).step_by(common.producers).collect();
+                    let mut handles: Vec<Option<TimerHandle>> = mine
+                        .iter()
+                        .map(|&index| Some(arm(timer, tracker, index)))
+                        .collect();
+                    let mut last_packet = vec![Instant::now(); mine.len()];
+                    let mut rearms = 0u64;
+                    while Instant::now() < busy_until {
+                        for (slot, &index) in mine.iter().enumerate() {
+                            if index % 2 == 1 {
+                                continue;
+                            }
+                            let Some(handle) = &handles[slot] else {
+                                continue;
+                            };
+                            let now = Instant::now();
+                            if now.duration_since(last_packet[slot]) < packet_interval {
+                                continue;
+                            }
+                            // A packet arrived: re-arm the idle timer.
+                            if handle.cancel() {
+                                handles[slot] = Some(arm(timer, tracker, index));
+                                last_packet[slot] = now;
+                                rearms += 1;
+                            } else {
+                                // Expired while we still considered it busy: the
+                                // driver fell behind its packet schedule.
+                                busy_expired.fetch_add(1, Ordering::Relaxed);
+                                handles[slot] = None;
+                            }
+                        }
+                        if producer == 0 {
+                            let done = start.elapsed().as_secs_f64()
+                                / (timeout.as_secs_f64() * BUSY_TIMEOUTS);
+                            bar.set_position((done * 1000.0) as u64);
+                        }
+                    }
+                    rearms
+                })
+            })
+            .collect();
+        producers
+            .into_iter()
+            .map(|p| p.join().expect("producer"))
+            .sum()
+    });
+    let busy_elapsed = start.elapsed();
+    bar.finish_and_clear();
+    // Everyone is silent now: every connection must expire exactly once.
+    let all_expired = crate::report::wait_until(timeout + Duration::from_secs(30), || {
+        tracker.fired() >= connections as u64
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let (histogram, fired) = tracker.lateness();
+    let (early, duplicated) = tracker.violations();
+    let lost = if all_expired {
+        0
+    } else {
+        tracker.unfired_in(0..connections)
+    };
+    drop(timer.shutdown());
+    let (wall, cpu, rss) = meter.stop();
+    let busy_expired = busy_expired.load(Ordering::Relaxed);
+    let mut notes = vec![format!(
+        "{connections} connections ({} busy, {} silent), idle timeout {:.0} ms: {rearms} re-arms (cancel + schedule) in {:.2} s; {fired} expiries",
+        connections.div_ceil(2),
+        connections / 2,
+        timeout.as_secs_f64() * 1e3,
+        busy_elapsed.as_secs_f64()
+    )];
+    if busy_expired > 0 {
+        notes.push(format!(
+            "{busy_expired} busy connections expired because the driver fell behind its packet schedule (not early: checked)"
+        ));
+    }
+    WorkloadReport {
+        name: "keepalive",
+        operation: "re-arms",
+        operations: rearms,
+        ops_per_sec: rearms as f64 / busy_elapsed.as_secs_f64(),
+        fired,
+        lateness_us: Lateness::of(&histogram),
+        early,
+        lost,
+        duplicated,
+        peak_rss_bytes: rss,
+        bytes_per_pending: None,
+        capture_bytes: 32,
+        cpu_seconds: cpu,
+        wall_seconds: wall,
+        notes,
+    }
+}

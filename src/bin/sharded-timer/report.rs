@@ -1,0 +1,284 @@
+//! What each workload measured, the process readings behind it (/proc on Linux),
+//! and the table a design review reads.
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Lateness recorded per timer: µs after its deadline, or one of these markers.
+pub(crate) const NOT_FIRED: u32 = u32::MAX;
+
+/// One workload's results.
+#[derive(Debug, Serialize)]
+pub(crate) struct WorkloadReport {
+    /// Workload name.
+    pub(crate) name: &'static str,
+    /// What one operation is (for the ops/s column).
+    pub(crate) operation: &'static str,
+    /// Operations done.
+    pub(crate) operations: u64,
+    /// Operations per second over the measured phase.
+    pub(crate) ops_per_sec: f64,
+    /// Timers whose callbacks ran.
+    pub(crate) fired: u64,
+    /// Lateness percentiles in µs.
+    pub(crate) lateness_us: Lateness,
+    /// Callbacks that started before their deadline (must be 0).
+    pub(crate) early: u64,
+    /// Timers that should have fired and did not (must be 0).
+    pub(crate) lost: u64,
+    /// Callbacks that ran more than once, or ran although cancelled (must be 0).
+    pub(crate) duplicated: u64,
+    /// Peak resident set during the workload, bytes.
+    pub(crate) peak_rss_bytes: Option<u64>,
+    /// Allocated bytes per pending timer at the measuring point, including the
+    /// callback's captures; and those captures' size.
+    pub(crate) bytes_per_pending: Option<f64>,
+    /// Size of the workload's callback captures, bytes.
+    pub(crate) capture_bytes: usize,
+    /// CPU seconds (user + system) of the whole process during the workload.
+    pub(crate) cpu_seconds: Option<f64>,
+    /// Wall-clock seconds.
+    pub(crate) wall_seconds: f64,
+    /// Workload-specific findings, one line each.
+    pub(crate) notes: Vec<String>,
+}
+
+impl WorkloadReport {
+    /// Whether any invariant was violated.
+    pub(crate) fn violated(&self) -> bool {
+        self.early > 0 || self.lost > 0 || self.duplicated > 0
+    }
+}
+
+/// Lateness percentiles, µs after the deadline.
+#[derive(Debug, Default, Serialize, Clone, Copy)]
+pub(crate) struct Lateness {
+    /// Median.
+    pub(crate) p50: u64,
+    /// 99th percentile.
+    pub(crate) p99: u64,
+    /// 99.9th percentile.
+    pub(crate) p999: u64,
+    /// Maximum.
+    pub(crate) max: u64,
+    /// Samples.
+    pub(crate) count: u64,
+}
+
+impl Lateness {
+    /// Percentiles of a histogram.
+    pub(crate) fn of(histogram: &Histogram<u64>) -> Self {
+        Lateness {
+            p50: histogram.value_at_quantile(0.5),
+            p99: histogram.value_at_quantile(0.99),
+            p999: histogram.value_at_quantile(0.999),
+            max: histogram.max(),
+            count: histogram.len(),
+        }
+    }
+}
+
+/// A lateness histogram: 1 µs to 1 hour, 3 significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Process readings taken at the start of a workload.
+pub(crate) struct Meter {
+    /// Wall clock at start.
+    start: Instant,
+    /// CPU seconds at start.
+    cpu: Option<f64>,
+}
+
+impl Meter {
+    /// Resets the peak-RSS mark (Linux) and records CPU time and the clock.
+    pub(crate) fn start() -> Self {
+        // Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        Meter {
+            start: Instant::now(),
+            cpu: cpu_seconds(),
+        }
+    }
+
+    /// Wall seconds, CPU seconds and peak RSS since `start`.
+    pub(crate) fn stop(&self) -> (f64, Option<f64>, Option<u64>) {
+        let wall = self.start.elapsed().as_secs_f64();
+        let cpu = match (self.cpu, cpu_seconds()) {
+            (Some(a), Some(b)) => Some(b - a),
+            _ => None,
+        };
+        (wall, cpu, peak_rss_bytes())
+    }
+}
+
+/// User + system CPU seconds of this process, from /proc/self/stat.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of the full line (utime, stime) are 11 and 12 after the name.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // Clock ticks: 100 per second on every Linux configuration in practice.
+    Some((utime + stime) / 100.0)
+}
+
+/// VmHWM from /proc/self/status, in bytes.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Context switches of the threads whose names start with `prefix`, from /proc.
+pub(crate) fn context_switches(prefix: &str) -> Option<(usize, u64)> {
+    let mut threads = 0;
+    let mut switches = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        threads += 1;
+        let status = std::fs::read_to_string(path.join("status")).ok()?;
+        for line in status.lines() {
+            if line.starts_with("voluntary_ctxt_switches")
+                || line.starts_with("nonvoluntary_ctxt_switches")
+            {
+                switches += line.split_whitespace().last()?.parse::<u64>().ok()?;
+            }
+        }
+    }
+    Some((threads, switches))
+}
+
+/// The idle check: wakeups per second of an idle service's threads.
+#[derive(Debug, Serialize)]
+pub(crate) struct IdleReport {
+    /// Threads observed.
+    pub(crate) threads: usize,
+    /// Context switches per second over the observation.
+    pub(crate) wakeups_per_sec: f64,
+    /// Observation length.
+    pub(crate) seconds: f64,
+}
+
+/// The whole run.
+#[derive(Debug, Serialize)]
+pub(crate) struct RunReport {
+    /// How the service was configured.
+    pub(crate) config: String,
+    /// One entry per workload run.
+    pub(crate) workloads: Vec<WorkloadReport>,
+    /// The idle check, if run.
+    pub(crate) idle: Option<IdleReport>,
+}
+
+fn megabytes(bytes: Option<u64>) -> String {
+    bytes.map_or("n/a".into(), |b| format!("{:.0} MB", b as f64 / 1e6))
+}
+
+fn rate(ops_per_sec: f64) -> String {
+    if ops_per_sec >= 1e6 {
+        format!("{:.2} M/s", ops_per_sec / 1e6)
+    } else {
+        format!("{:.0} k/s", ops_per_sec / 1e3)
+    }
+}
+
+/// Prints the table.
+pub(crate) fn print_table(run: &RunReport) {
+    println!();
+    println!("sharded-timer load driver — {}", run.config);
+    println!();
+    println!(
+        "{:<10} {:>12} {:<24} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
+        "workload",
+        "ops/s",
+        "(operation)",
+        "p50 µs",
+        "p99 µs",
+        "p999 µs",
+        "max µs",
+        "early",
+        "lost",
+        "dup",
+        "peak RSS",
+        "B/pending",
+        "CPU s"
+    );
+    for w in &run.workloads {
+        println!(
+            "{:<10} {:>12} {:<24} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
+            w.name,
+            rate(w.ops_per_sec),
+            format!("({})", w.operation),
+            w.lateness_us.p50,
+            w.lateness_us.p99,
+            w.lateness_us.p999,
+            w.lateness_us.max,
+            w.early,
+            w.lost,
+            w.duplicated,
+            megabytes(w.peak_rss_bytes),
+            w.bytes_per_pending
+                .map_or("n/a".into(), |b| format!("{b:.0}")),
+            w.cpu_seconds.map_or("n/a".into(), |c| format!("{c:.2}")),
+        );
+    }
+    println!();
+    for w in &run.workloads {
+        for note in &w.notes {
+            println!("  {:<9} {note}", w.name);
+        }
+    }
+    if let Some(idle) = &run.idle {
+        println!(
+            "  {:<9} {:.1} wakeups/s across the service's {} threads over {:.1} s with a timer 1 h away",
+            "idle", idle.wakeups_per_sec, idle.threads, idle.seconds
+        );
+    }
+    println!();
+    let violations: Vec<_> = run
+        .workloads
+        .iter()
+        .filter(|w| w.violated())
+        .map(|w| w.name)
+        .collect();
+    if violations.is_empty() {
+        println!("all invariants held: no early fire, nothing lost, nothing duplicated");
+    } else {
+        println!("INVARIANT VIOLATED in: {}", violations.join(", "));
+    }
+}
+
+/// Lateness of `now` after `deadline` in µs (saturating), and whether it was early.
+pub(crate) fn lateness(deadline: Instant, now: Instant) -> (u32, bool) {
+    match now.checked_duration_since(deadline) {
+        Some(late) => (
+            u32::try_from(late.as_micros()).unwrap_or(u32::MAX - 1),
+            false,
+        ),
+        None => (0, true),
+    }
+}
+
+/// Sleeps until `condition` holds or `timeout` passes; returns whether it held.
+pub(crate) fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !condition() {
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}

@@ -1,0 +1,119 @@
+//! Per-timer bookkeeping that checks the invariants as callbacks run: never early,
+//! exactly once, never after a successful cancel.
+
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use crate::report::NOT_FIRED;
+
+/// Marks a slot whose timer was cancelled (`cancel` returned `true`).
+pub(crate) const CANCELLED: u32 = u32::MAX - 1;
+
+/// One slot per timer: its lateness in µs once fired, or a marker.
+///
+/// Shared by every callback of a workload as a `&'static`: the driver is a one-shot
+/// process, and leaking one tracker per workload keeps a contended reference count
+/// (an `Arc` clone per callback) out of the measurement.
+#[derive(Debug)]
+pub(crate) struct Tracker {
+    /// Lateness in µs, [`NOT_FIRED`] or [`CANCELLED`].
+    pub(crate) slots: Vec<AtomicU32>,
+    /// Callbacks that started before their deadline.
+    pub(crate) early: AtomicU64,
+    /// Callbacks that ran twice, or after a cancel that returned `true`.
+    pub(crate) duplicated: AtomicU64,
+    /// Callbacks run so far.
+    pub(crate) fired: AtomicU64,
+    /// A common reference instant (workloads that compute deadlines from it).
+    pub(crate) base: Instant,
+    /// A common span (the `delayed` horizon), so callbacks need not capture it.
+    pub(crate) span: std::time::Duration,
+}
+
+impl Tracker {
+    /// A tracker for `timers` timers, leaked for the rest of the run.
+    pub(crate) fn leak(
+        timers: usize,
+        base: Instant,
+        span: std::time::Duration,
+    ) -> &'static Tracker {
+        Box::leak(Box::new(Tracker {
+            slots: (0..timers).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
+            early: AtomicU64::new(0),
+            duplicated: AtomicU64::new(0),
+            fired: AtomicU64::new(0),
+            base,
+            span,
+        }))
+    }
+
+    /// Called by timer `index`'s callback, due at `deadline`.
+    pub(crate) fn record(&self, index: usize, deadline: Instant) {
+        let (late, early) = crate::report::lateness(deadline, Instant::now());
+        if early {
+            // ORDERING: Relaxed: counters read after the workload is quiet.
+            self.early.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: AcqRel: the swap both reads a producer's CANCELLED mark (written
+        // Release after `cancel` returned true) and publishes this run.
+        let previous = self.slots[index].swap(late, Ordering::AcqRel);
+        if previous != NOT_FIRED {
+            // ORDERING: Relaxed, as above.
+            self.duplicated.fetch_add(1, Ordering::Relaxed);
+        }
+        // ORDERING: Relaxed, as above.
+        self.fired.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Called by a producer after `cancel` returned `true` for timer `index`.
+    pub(crate) fn mark_cancelled(&self, index: usize) {
+        // ORDERING: AcqRel: pairs with the callback's swap in `record`.
+        let previous = self.slots[index].swap(CANCELLED, Ordering::AcqRel);
+        if previous != NOT_FIRED {
+            // The callback ran although cancel returned true.
+            // ORDERING: Relaxed, as above.
+            self.duplicated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Callbacks run so far.
+    pub(crate) fn fired(&self) -> u64 {
+        // ORDERING: Relaxed: polled; exact once quiet.
+        self.fired.load(Ordering::Relaxed)
+    }
+
+    /// Early and duplicated counts.
+    pub(crate) fn violations(&self) -> (u64, u64) {
+        // ORDERING: Relaxed: read after the workload is quiet.
+        (
+            self.early.load(Ordering::Relaxed),
+            self.duplicated.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Lateness histogram and fired count, from slots that hold a lateness.
+    pub(crate) fn lateness(&self) -> (hdrhistogram::Histogram<u64>, u64) {
+        let mut histogram = crate::report::histogram();
+        let mut fired = 0;
+        for slot in &self.slots {
+            // ORDERING: Relaxed: read after the workload is quiet.
+            let value = slot.load(Ordering::Relaxed);
+            if value != NOT_FIRED && value != CANCELLED {
+                histogram.saturating_record(u64::from(value).max(1));
+                fired += 1;
+            }
+        }
+        (histogram, fired)
+    }
+
+    /// Timers in `range` that never fired and were not cancelled.
+    pub(crate) fn unfired_in(&self, range: std::ops::Range<usize>) -> u64 {
+        self.slots[range]
+            .iter()
+            // ORDERING: Relaxed: read after the workload is quiet.
+            .filter(|slot| slot.load(Ordering::Relaxed) == NOT_FIRED)
+            .count() as u64
+    }
+}

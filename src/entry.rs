@@ -1,0 +1,600 @@
+//! The timer entry: one heap allocation per timer holding its state word, reference
+//! count, id, deadline tick, its place in the shard's wheel, and the callback itself.
+//!
+//! The allocation is an `Entry<F>` whose first field is a type-erased [`Header`]; the
+//! rest of the crate sees only `NonNull<Header>` (as [`EntryRef`], which owns one
+//! reference, or [`RawEntry`], which carries one by protocol) and reaches the callback
+//! through the header's vtable. The shard's timing wheel files these pointers
+//! directly ([`ShardStore`]), so a pending timer costs this allocation plus one
+//! pointer in a slot vector, and no separate wheel node.
+//!
+//! # Ground rules
+//!
+//! 1. **References.** `refs` counts owners: each `TimerHandle`, and one *service
+//!    reference* created by `schedule`, held in turn by the shard's insert ring, the
+//!    shard (in its wheel, or awaiting a cancel message), and finally an executor task
+//!    ([`FiredEntry`]) or an `Unfired`. A [`RawEntry`] carries a reference it does not
+//!    count twice: it is made by [`EntryRef::into_raw`] and claimed exactly once by
+//!    [`EntryRef::from_raw`]. The last owner frees the allocation.
+//! 2. **Callback.** The callback cell is read only by the winner of Pending → Fired,
+//!    which moves the callback out and runs it, and by the winner of Pending →
+//!    Cancelled, which drops it at once (`state.rs` makes the two exclusive). If the
+//!    last reference goes while still Pending, nobody else can reach the cell and the
+//!    destructor drops the callback.
+//! 3. **Place.** `place` is read and written only by the shard thread holding the
+//!    service reference, through [`ShardStore`].
+//! 4. **Cancel messages.** An entry that is Cancelled with `FILED` set has exactly one
+//!    cancel message, sent (or about to be sent) by the canceller that won. The shard
+//!    releases the service reference only when it processes that message, so the
+//!    pointer in the message is live when the shard pops it; and the shard keeps
+//!    draining its cancel ring until every such message has arrived before it exits,
+//!    so the [`CancelPort`] a winning canceller sends through is live.
+
+use core::mem::MaybeUninit;
+use core::ptr::NonNull;
+
+use crate::handle::{TimerId, TimerState};
+use crate::sync::{AtomicU32, Ordering, UnsafeCell};
+use crate::wheel::{Place, Store};
+
+mod state;
+
+use state::StateWord;
+pub(crate) use state::{Cancel, File, Fire, Snapshot};
+
+/// The place of an entry the shard has expired while it was cancelled: out of the
+/// wheel, awaiting its cancel message (ground rule 4).
+pub(crate) const AWAITING_CANCEL: Place = Place {
+    list: u16::MAX,
+    position: u32::MAX,
+};
+
+/// References beyond this abort the process, as `Arc` does: the count must never wrap.
+const MAX_REFS: u32 = i32::MAX as u32;
+
+/// The type-erased part of every entry; always the first field of an `Entry<F>`.
+#[repr(C)]
+pub(crate) struct Header {
+    /// Pending / Fired / Cancelled and `FILED`; see `state.rs`.
+    state: StateWord,
+    /// Owners of this allocation (ground rule 1). Incremented Relaxed by a holder of a
+    /// reference, decremented AcqRel by each owner as it lets go.
+    refs: AtomicU32,
+    /// Functions that know the callback's type.
+    vtable: &'static Vtable,
+    /// The timer's id.
+    id: TimerId,
+    /// The deadline, in ticks of the service's clock. Immutable.
+    deadline: u64,
+    /// Where the entry sits in its shard's wheel. Shard thread only (ground rule 3).
+    place: UnsafeCell<Place>,
+}
+
+/// Functions over the concrete `Entry<F>` behind a `Header`.
+struct Vtable {
+    /// Moves the callback out and runs it.
+    run: unsafe fn(NonNull<Header>),
+    /// Drops the callback in place.
+    drop_callback: unsafe fn(NonNull<Header>),
+    /// Frees the allocation (the callback must already be gone).
+    dealloc: unsafe fn(NonNull<Header>),
+}
+
+/// The allocation: header first, so a pointer to it is a pointer to the header.
+#[repr(C)]
+struct Entry<F> {
+    /// The type-erased part.
+    header: Header,
+    /// The callback; initialised until run or dropped (ground rule 2).
+    callback: UnsafeCell<MaybeUninit<F>>,
+}
+
+impl<F: FnOnce() + Send + 'static> Entry<F> {
+    /// The vtable for callbacks of type `F`.
+    const VTABLE: Vtable = Vtable {
+        run: Self::run,
+        drop_callback: Self::drop_callback,
+        dealloc: Self::dealloc,
+    };
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<F>` (not just a `Header`).
+    /// - The caller won Pending → Fired and the callback has not been taken.
+    unsafe fn run(header: NonNull<Header>) {
+        // SAFETY: `header` points to a live `Entry<F>` (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<F>>().as_ref() };
+        // SAFETY: we are the only reader of the cell (the caller's second point,
+        // ground rule 2), and it is initialised; reading moves the callback out.
+        let callback = entry
+            .callback
+            .with(|cell| unsafe { cell.cast::<F>().read() });
+        callback();
+    }
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<F>`.
+    /// - The caller won Pending → Cancelled (or holds the last reference of a
+    ///   Pending entry) and the callback has not been taken.
+    unsafe fn drop_callback(header: NonNull<Header>) {
+        // SAFETY: `header` points to a live `Entry<F>` (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<F>>().as_ref() };
+        // SAFETY: exclusive and initialised (the caller's second point); dropped once.
+        entry
+            .callback
+            .with_mut(|cell| unsafe { cell.cast::<F>().drop_in_place() });
+    }
+
+    /// # Safety
+    ///
+    /// - `header` came from `Box::<Entry<F>>::into_raw` in `EntryRef::new`.
+    /// - No other reference remains, and the callback has been run or dropped.
+    unsafe fn dealloc(header: NonNull<Header>) {
+        // SAFETY: the caller's points: it is our box, unaliased; `MaybeUninit` does not
+        // drop the (already gone) callback.
+        drop(unsafe { Box::from_raw(header.cast::<Entry<F>>().as_ptr()) });
+    }
+}
+
+/// One counted reference to an entry (ground rule 1).
+pub(crate) struct EntryRef(NonNull<Header>);
+
+// SAFETY: the header's shared fields are atomics or immutable; the callback cell and
+// `place` are reached only under ground rules 2 and 3, which hand them to exactly one
+// thread at a time; the callback is `Send` (required by `EntryRef::new`).
+unsafe impl Send for EntryRef {}
+// SAFETY: as for `Send`: `&EntryRef` only exposes the atomic state and immutable fields.
+unsafe impl Sync for EntryRef {}
+
+impl EntryRef {
+    /// Allocates an entry with two references: one for the handle, one for the service.
+    pub(crate) fn new<F: FnOnce() + Send + 'static>(
+        id: TimerId,
+        deadline: u64,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        let entry = Box::new(Entry {
+            header: Header {
+                state: StateWord::new(),
+                refs: AtomicU32::new(2),
+                vtable: &Entry::<F>::VTABLE,
+                id,
+                deadline,
+                place: UnsafeCell::new(Place::default()),
+            },
+            callback: UnsafeCell::new(MaybeUninit::new(callback)),
+        });
+        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
+        (EntryRef(header), EntryRef(header))
+    }
+
+    /// The header.
+    fn header(&self) -> &Header {
+        // SAFETY: we own a reference, so the allocation is live (ground rule 1).
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The timer's id.
+    pub(crate) fn id(&self) -> TimerId {
+        self.header().id
+    }
+
+    /// The deadline tick.
+    pub(crate) fn deadline(&self) -> u64 {
+        self.header().deadline
+    }
+
+    /// The current state.
+    pub(crate) fn state(&self) -> TimerState {
+        self.header().state.load().state()
+    }
+
+    /// Gives up this reference into a [`RawEntry`] that carries it.
+    pub(crate) fn into_raw(self) -> RawEntry {
+        let raw = RawEntry(self.0);
+        core::mem::forget(self);
+        raw
+    }
+
+    /// Claims the reference a [`RawEntry`] carries.
+    ///
+    /// # Safety
+    ///
+    /// - `raw` came from [`EntryRef::into_raw`], and
+    /// - its reference has not been claimed yet; it is claimed now.
+    pub(crate) unsafe fn from_raw(raw: RawEntry) -> EntryRef {
+        EntryRef(raw.0)
+    }
+
+    /// The shard's Pending → Fired; on success the returned task owns the callback.
+    pub(crate) fn try_fire(self) -> Result<FiredEntry, EntryRef> {
+        match self.header().state.try_fire() {
+            Fire::Won => Ok(FiredEntry {
+                entry: self,
+                taken: false,
+            }),
+            Fire::Lost => Err(self),
+        }
+    }
+
+    /// Pending → Cancelled; the winner drops the callback before returning.
+    pub(crate) fn try_cancel(&self) -> Cancel {
+        let outcome = self.header().state.try_cancel();
+        if let Cancel::Won { .. } = outcome {
+            // SAFETY: the entry is live (we own a reference) and we won Pending →
+            // Cancelled, so we own the untaken callback (ground rule 2).
+            unsafe { (self.header().vtable.drop_callback)(self.0) };
+        }
+        outcome
+    }
+
+    /// Cancels, and if the entry was filed, tells its shard through `port`.
+    /// Returns whether this call won.
+    pub(crate) fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> bool {
+        match self.try_cancel() {
+            Cancel::Won { filed } => {
+                if filed {
+                    // SAFETY: we won Pending → Cancelled with FILED set, so the shard
+                    // behind `port` waits for this message before it exits (ground
+                    // rule 4): the sink is live.
+                    let sink = unsafe { port.0.as_ref() };
+                    sink.send_cancel(RawEntry(self.0));
+                }
+                true
+            }
+            Cancel::Lost(_) => false,
+        }
+    }
+
+    /// The shard marks the entry as filed; see [`File`].
+    pub(crate) fn mark_filed(&self) -> File {
+        self.header().state.mark_filed()
+    }
+
+    /// The shard hands the entry back at shutdown; see `StateWord::detach`.
+    pub(crate) fn detach(&self) -> Snapshot {
+        self.header().state.detach()
+    }
+
+    /// An `Unfired` dropped without running: Pending → Cancelled, dropping the
+    /// callback.
+    pub(crate) fn cancel_detached(&self) -> bool {
+        let outcome = self.header().state.try_cancel_detached();
+        if let Cancel::Won { filed } = outcome {
+            debug_assert!(!filed, "a detached entry is never filed");
+            // SAFETY: the entry is live (we own a reference) and we won Pending →
+            // Cancelled, so we own the untaken callback (ground rule 2).
+            unsafe { (self.header().vtable.drop_callback)(self.0) };
+            return true;
+        }
+        false
+    }
+}
+
+impl Clone for EntryRef {
+    fn clone(&self) -> Self {
+        // ORDERING: Relaxed, as `Arc::clone`: a new reference is made from one we
+        // hold, so the allocation cannot be freed meanwhile; nothing is published.
+        let previous = self.header().refs.fetch_add(1, Ordering::Relaxed);
+        if previous > MAX_REFS {
+            std::process::abort();
+        }
+        EntryRef(self.0)
+    }
+}
+
+impl Drop for EntryRef {
+    fn drop(&mut self) {
+        // ORDERING: AcqRel. Release: our uses of the entry happen-before the free by
+        // whoever drops last. Acquire (for the last owner): every other owner's uses
+        // happen-before our free. An AcqRel RMW instead of Release plus an Acquire
+        // fence, which loom models poorly.
+        if self.header().refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        if self.header().state.load().state() == TimerState::Pending {
+            // SAFETY: we hold the last reference to a live entry that was neither
+            // fired nor cancelled, so nobody else can reach the untaken callback.
+            unsafe { (self.header().vtable.drop_callback)(self.0) };
+        }
+        let dealloc = self.header().vtable.dealloc;
+        // SAFETY: last reference; the callback was taken (Fired), dropped by the
+        // cancel winner (Cancelled), or dropped just above (Pending).
+        unsafe { dealloc(self.0) };
+    }
+}
+
+impl core::fmt::Debug for EntryRef {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Entry")
+            .field("id", &self.id())
+            .field("deadline_tick", &self.deadline())
+            .field("state", &self.header().state)
+            .finish()
+    }
+}
+
+/// A pointer to an entry that carries one reference by protocol, not by type: in a
+/// ring, in a shard's wheel, or in a cancel message (ground rules 1 and 4). `Copy` so
+/// the wheel can move it around; claimed once with [`EntryRef::from_raw`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct RawEntry(NonNull<Header>);
+
+// SAFETY: a `RawEntry` is only a token that moves a reference between threads; the
+// reference itself is `Send` (see `EntryRef`).
+unsafe impl Send for RawEntry {}
+
+/// An entry whose Pending → Fired this thread won: it owns the callback.
+pub(crate) struct FiredEntry {
+    /// The reference the shard held.
+    entry: EntryRef,
+    /// Whether the callback has been moved out to run.
+    taken: bool,
+}
+
+impl FiredEntry {
+    /// Runs the callback on this thread. A panic propagates; the reference is released
+    /// either way.
+    pub(crate) fn run(mut self) {
+        self.taken = true;
+        let header = self.entry.0;
+        // SAFETY: the entry is live (we hold a reference) and we won Pending → Fired
+        // with the callback untaken (`taken` was false until the line above).
+        unsafe { (self.entry.header().vtable.run)(header) };
+    }
+}
+
+impl Drop for FiredEntry {
+    fn drop(&mut self) {
+        if !self.taken {
+            // SAFETY: live (we hold a reference); we won Pending → Fired and never took
+            // the callback, so we own it and drop it instead of running it.
+            unsafe { (self.entry.header().vtable.drop_callback)(self.entry.0) };
+        }
+    }
+}
+
+impl core::fmt::Debug for FiredEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FiredEntry")
+            .field("entry", &self.entry)
+            .field("taken", &self.taken)
+            .finish()
+    }
+}
+
+/// The shard's side of a cancel: receives the message of a winning canceller whose
+/// entry was filed.
+pub(crate) trait CancelSink: Sync {
+    /// Delivers the message; must not lose it (ground rule 4).
+    fn send_cancel(&self, entry: RawEntry);
+}
+
+/// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only under
+/// ground rule 4, so it needs no reference count of its own.
+pub(crate) struct CancelPort<S>(NonNull<S>);
+
+impl<S> CancelPort<S> {
+    /// A port to `sink`. The sink must stay at this address until it has received every
+    /// message of the entries it filed (the shard guarantees this before exiting).
+    pub(crate) fn new(sink: &S) -> Self {
+        CancelPort(NonNull::from(sink))
+    }
+}
+
+impl<S> Clone for CancelPort<S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for CancelPort<S> {}
+
+// SAFETY: the port is dereferenced only as `&S` where `S: CancelSink: Sync`.
+unsafe impl<S: Sync> Send for CancelPort<S> {}
+// SAFETY: as for `Send`.
+unsafe impl<S: Sync> Sync for CancelPort<S> {}
+
+impl<S> core::fmt::Debug for CancelPort<S> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("CancelPort")
+    }
+}
+
+/// The store of a shard's wheel. Called once per shard thread, which then upholds
+/// [`ShardStore::new`]'s obligations: it passes the store only `RawEntry`s made by
+/// [`ShardStore::release`] or popped from its cancel ring, and claims each once.
+pub(crate) fn shard_store() -> ShardStore {
+    // SAFETY: the shard loop (`shard.rs`) is the only caller; it keeps the store on
+    // its own thread and claims each reference once (see its ground rules).
+    unsafe { ShardStore::new() }
+}
+
+/// The wheel's view of entries in a shard: deadlines and places read through the
+/// entry pointers themselves.
+#[derive(Debug)]
+pub(crate) struct ShardStore(());
+
+impl ShardStore {
+    /// A store for one shard's wheel.
+    ///
+    /// # Safety
+    ///
+    /// - Every [`RawEntry`] passed to the store's methods carries an unclaimed
+    ///   reference (ground rule 1), and each is passed to [`claim`](Self::claim) at
+    ///   most once, after which it is not passed to the store again; and
+    /// - the store is used only by the shard thread that holds those references
+    ///   (ground rule 3).
+    pub(crate) unsafe fn new() -> Self {
+        ShardStore(())
+    }
+
+    /// The header of an entry the store may touch.
+    fn header(entry: RawEntry) -> &'static Header {
+        // SAFETY: `ShardStore::new`'s first point: `entry` carries a reference, so it
+        // is live while the wheel holds it; the `'static` never escapes a method here.
+        unsafe { entry.0.as_ref() }
+    }
+
+    /// Marks an entry that left the wheel while cancelled (ground rule 4).
+    pub(crate) fn set_awaiting_cancel(&mut self, entry: RawEntry) {
+        self.set_place(entry, AWAITING_CANCEL);
+    }
+
+    /// Whether the entry is out of the wheel, awaiting its cancel message.
+    pub(crate) fn is_awaiting_cancel(&self, entry: RawEntry) -> bool {
+        self.place(entry) == AWAITING_CANCEL
+    }
+
+    /// Gives the shard's reference to the wheel as a [`RawEntry`].
+    pub(crate) fn release(&mut self, entry: EntryRef) -> RawEntry {
+        entry.into_raw()
+    }
+
+    /// Claims the reference a [`RawEntry`] from this shard's wheel or cancel ring
+    /// carries. Each reference is claimed once: a `RawEntry` handed back by the wheel,
+    /// or popped from the cancel ring, is claimed exactly once by the shard loop.
+    pub(crate) fn claim(&mut self, entry: RawEntry) -> EntryRef {
+        // SAFETY: `ShardStore::new`'s first point: `entry` carries an unclaimed
+        // reference, made by `release` (or, for a cancel message, the wheel's
+        // reference, ground rule 4); the shard loop claims it once.
+        unsafe { EntryRef::from_raw(entry) }
+    }
+}
+
+impl Store for ShardStore {
+    type Ref = RawEntry;
+
+    fn deadline(&self, entry: RawEntry) -> u64 {
+        Self::header(entry).deadline
+    }
+
+    fn place(&self, entry: RawEntry) -> Place {
+        // SAFETY: only the shard thread touches `place` (`ShardStore::new`'s second
+        // point), so this read races with no write.
+        Self::header(entry).place.with(|place| unsafe { *place })
+    }
+
+    fn set_place(&mut self, entry: RawEntry, place: Place) {
+        // SAFETY: only the shard thread touches `place`, so this write is exclusive.
+        Self::header(entry)
+            .place
+            .with_mut(|cell| unsafe { *cell = place });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Cancel, CancelPort, CancelSink, EntryRef, RawEntry};
+    use crate::handle::{TimerId, TimerState};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// Counts drops of the callback's captures and runs of the callback.
+    fn counted() -> (
+        impl FnOnce() + Send + 'static,
+        Arc<AtomicUsize>,
+        Arc<AtomicUsize>,
+    ) {
+        let ran = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        struct OnDrop(Arc<AtomicUsize>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let guard = OnDrop(dropped.clone());
+        let ran2 = ran.clone();
+        let callback = move || {
+            let _guard = &guard;
+            ran2.fetch_add(1, Ordering::SeqCst);
+        };
+        (callback, ran, dropped)
+    }
+
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<RawEntry>>);
+    impl CancelSink for Sink {
+        fn send_cancel(&self, entry: RawEntry) {
+            self.0.lock().unwrap().push(entry);
+        }
+    }
+
+    #[test]
+    fn fired_runs_once_and_frees() {
+        let (callback, ran, dropped) = counted();
+        let (handle, service) = EntryRef::new(TimerId::from_raw(1), 5, callback);
+        let fired = service.try_fire().expect("pending entry fires");
+        fired.run();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        assert_eq!(handle.state(), TimerState::Fired);
+        assert_eq!(handle.try_cancel(), Cancel::Lost(TimerState::Fired));
+    }
+
+    #[test]
+    fn cancel_drops_callback_at_once_and_sends_message_only_when_filed() {
+        let sink = Sink::default();
+        let port = CancelPort::new(&sink);
+        let (callback, ran, dropped) = counted();
+        let (handle, service) = EntryRef::new(TimerId::from_raw(2), 5, callback);
+        assert!(handle.cancel(&port));
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "dropped by the canceller"
+        );
+        assert!(sink.0.lock().unwrap().is_empty(), "unfiled: no message");
+        assert!(!handle.cancel(&port));
+        assert!(service.try_fire().is_err());
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+
+        let (callback, _, _) = counted();
+        let (handle, service) = EntryRef::new(TimerId::from_raw(3), 5, callback);
+        assert_eq!(service.mark_filed(), super::File::Filed);
+        let raw = service.into_raw();
+        assert!(handle.cancel(&port));
+        let message = sink.0.lock().unwrap().pop().expect("filed: one message");
+        assert_eq!(message, raw);
+        // SAFETY: the message names the service reference given up above, unclaimed.
+        drop(unsafe { EntryRef::from_raw(message) });
+    }
+
+    #[test]
+    fn last_reference_of_a_pending_entry_drops_the_callback() {
+        let (callback, ran, dropped) = counted();
+        let (handle, service) = EntryRef::new(TimerId::from_raw(4), 5, callback);
+        drop(service);
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
+        drop(handle);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn fired_but_never_run_drops_the_callback() {
+        let (callback, ran, dropped) = counted();
+        let (_handle, service) = EntryRef::new(TimerId::from_raw(5), 5, callback);
+        drop(service.try_fire().unwrap());
+        assert_eq!(
+            (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
+            (0, 1)
+        );
+    }
+
+    #[test]
+    fn panicking_callback_still_releases() {
+        let (handle, service) = EntryRef::new(TimerId::from_raw(6), 5, || panic!("boom"));
+        let fired = service.try_fire().unwrap();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fired.run()));
+        assert!(result.is_err());
+        assert_eq!(handle.state(), TimerState::Fired);
+    }
+
+    #[test]
+    fn header_is_40_bytes() {
+        assert_eq!(core::mem::size_of::<super::Header>(), 40);
+    }
+}

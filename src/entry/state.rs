@@ -1,0 +1,282 @@
+//! The atomic state word of a timer entry: the only code that touches its bits.
+//!
+//! # Bit layout (`u32`)
+//!
+//! | bits | meaning |
+//! | --- | --- |
+//! | 0–1 | the [`TimerState`]: `PENDING` = 0, `FIRED` = 1, `CANCELLED` = 2 |
+//! | 2 | `FILED`: the shard has moved the entry from its insert ring into its wheel |
+//! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel it |
+//!
+//! # States
+//!
+//! | from | to | actor | who owns the callback afterwards |
+//! | --- | --- | --- | --- |
+//! | Pending | Fired | the shard, in `advance` ([`StateWord::try_fire`]) | the executor task, which runs it |
+//! | Pending | Cancelled | a handle's `cancel` ([`StateWord::try_cancel`], fails once `DETACHED`) or a dropped `Unfired` ([`StateWord::try_cancel_detached`]) | the canceller, which drops it at once |
+//! | Pending | Fired | `Unfired::run` ([`StateWord::try_fire`]) | the caller of `run` |
+//! | — | +FILED | the shard, draining its insert ring ([`StateWord::mark_filed`]) | unchanged |
+//! | — | −FILED +DETACHED | the shard at shutdown, emptying its ring and wheel ([`StateWord::detach`]) | unchanged |
+//!
+//! Fired and Cancelled are final. Exactly one of `try_fire` and `try_cancel` wins,
+//! because both are a single read-modify-write from Pending; the loser learns it from
+//! its own CAS, never from a second load. `FILED` tells a winning canceller whether the
+//! shard must be sent a cancel message: an entry cancelled before it was filed is
+//! discarded by `mark_filed`'s caller instead (see `entry`'s ground rules).
+
+#![forbid(unsafe_code)]
+
+use crate::handle::TimerState;
+use crate::sync::{AtomicU32, Ordering};
+
+/// The state bits.
+const STATE_MASK: u32 = 0b11;
+/// Not yet fired or cancelled.
+const PENDING: u32 = 0;
+/// Won by expiry.
+const FIRED: u32 = 1;
+/// Won by cancel.
+const CANCELLED: u32 = 2;
+/// Set while the entry is (or was last) filed in its shard's wheel.
+const FILED: u32 = 0b100;
+/// Set when shutdown hands the entry back; handle cancels then lose.
+const DETACHED: u32 = 0b1000;
+
+/// A loaded value of the state word.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Snapshot(u32);
+
+impl Snapshot {
+    /// The timer state in this snapshot.
+    pub(crate) fn state(self) -> TimerState {
+        match self.0 & STATE_MASK {
+            PENDING => TimerState::Pending,
+            FIRED => TimerState::Fired,
+            _ => TimerState::Cancelled,
+        }
+    }
+
+    /// Whether `FILED` is set.
+    pub(crate) fn is_filed(self) -> bool {
+        self.0 & FILED != 0
+    }
+}
+
+impl core::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{:?}", self.state())?;
+        if self.is_filed() {
+            f.write_str("+FILED")?;
+        }
+        Ok(())
+    }
+}
+
+/// The outcome of [`StateWord::try_cancel`].
+#[must_use = "the winner of a cancel owns the callback and must drop it"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cancel {
+    /// This call moved Pending → Cancelled. `filed` says whether the entry was in its
+    /// shard's wheel at that moment (so the shard must be told).
+    Won {
+        /// `FILED` was set when the CAS succeeded.
+        filed: bool,
+    },
+    /// Expiry or an earlier cancel won; the state found.
+    Lost(TimerState),
+}
+
+/// The outcome of [`StateWord::try_fire`].
+#[must_use = "the winner of expiry owns the callback and must run it"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fire {
+    /// This call moved Pending → Fired.
+    Won,
+    /// A cancel won first.
+    Lost,
+}
+
+/// The outcome of [`StateWord::mark_filed`].
+#[must_use = "a cancelled entry must be discarded, not filed"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum File {
+    /// `FILED` is now set and the entry was pending: file it in the wheel.
+    Filed,
+    /// The entry was cancelled before the shard reached it; its canceller sent no
+    /// message, so the shard discards it now.
+    AlreadyCancelled,
+}
+
+/// The atomic state word.
+pub(crate) struct StateWord(AtomicU32);
+
+impl StateWord {
+    /// A pending, unfiled state.
+    pub(crate) fn new() -> Self {
+        StateWord(AtomicU32::new(PENDING))
+    }
+
+    /// The current state, for `TimerHandle::state`.
+    pub(crate) fn load(&self) -> Snapshot {
+        // ORDERING: Acquire pairs with the AcqRel transitions below, so a caller that
+        // sees Fired or Cancelled also sees what the winner did before its CAS.
+        Snapshot(self.0.load(Ordering::Acquire))
+    }
+
+    /// A handle's Pending → Cancelled, keeping `FILED`. Loses once `DETACHED`: the
+    /// timer then belongs to its `Unfired`.
+    pub(crate) fn try_cancel(&self) -> Cancel {
+        self.cancel_unless(DETACHED)
+    }
+
+    /// An `Unfired`'s Pending → Cancelled (it owns a `DETACHED` entry).
+    pub(crate) fn try_cancel_detached(&self) -> Cancel {
+        self.cancel_unless(0)
+    }
+
+    /// Pending → Cancelled unless any bit of `blocking` is set.
+    fn cancel_unless(&self, blocking: u32) -> Cancel {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            if current & STATE_MASK != PENDING || current & blocking != 0 {
+                return Cancel::Lost(Snapshot(current).state());
+            }
+            // ORDERING: success AcqRel. Acquire: the winner is about to drop the
+            // callback, whose initialisation must happen-before (it did, through the
+            // handle's creation; Acquire also orders after a FILED set by the shard).
+            // Release: the shard's `mark_filed`, which may read Cancelled, and any
+            // `state()` reader see the transition after everything the canceller did
+            // before it. Failure Relaxed: we only retry with the fresh value.
+            match self.0.compare_exchange_weak(
+                current,
+                (current & !STATE_MASK) | CANCELLED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Cancel::Won {
+                        filed: current & FILED != 0,
+                    }
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Pending → Fired, keeping `FILED`. Shard thread only.
+    pub(crate) fn try_fire(&self) -> Fire {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            if current & STATE_MASK != PENDING {
+                return Fire::Lost;
+            }
+            // ORDERING: success AcqRel, for the same reasons as `try_cancel`: the
+            // winner takes the callback; readers of Fired see what preceded it.
+            // Failure Relaxed: we only retry with the fresh value.
+            match self.0.compare_exchange_weak(
+                current,
+                (current & !STATE_MASK) | FIRED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Fire::Won,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Sets `FILED`. Shard thread only, once, when it drains the entry from its insert
+    /// ring.
+    pub(crate) fn mark_filed(&self) -> File {
+        // ORDERING: AcqRel. The RMW is what orders the shard against a concurrent
+        // `try_cancel`: exactly one of them sees the other (both are RMWs on this
+        // word). Acquire: if we read Cancelled, the canceller's work happened-before.
+        // Release: a canceller that reads FILED sees the entry as filed.
+        let previous = self.0.fetch_or(FILED, Ordering::AcqRel);
+        if previous & STATE_MASK == CANCELLED {
+            File::AlreadyCancelled
+        } else {
+            File::Filed
+        }
+    }
+
+    /// Clears `FILED`, sets `DETACHED`, and returns the snapshot before. Shard thread
+    /// only, at shutdown, when it hands the entry back: a handle cancel after this
+    /// loses and sends no message.
+    pub(crate) fn detach(&self) -> Snapshot {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            // ORDERING: success AcqRel, as in `mark_filed`: the RMW decides against a
+            // concurrent `try_cancel` whether that cancel won (and sends a message) or
+            // lost. Failure Relaxed: we retry with the fresh value.
+            match self.0.compare_exchange_weak(
+                current,
+                (current & !FILED) | DETACHED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(previous) => return Snapshot(previous),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
+impl core::fmt::Debug for StateWord {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.load().fmt(f)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Cancel, File, Fire, StateWord};
+    use crate::handle::TimerState;
+
+    #[test]
+    fn cancel_then_fire_cancel_wins_once() {
+        let word = StateWord::new();
+        assert_eq!(word.try_cancel(), Cancel::Won { filed: false });
+        assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Cancelled));
+        assert_eq!(word.try_fire(), Fire::Lost);
+        assert_eq!(word.mark_filed(), File::AlreadyCancelled);
+        assert_eq!(word.load().state(), TimerState::Cancelled);
+    }
+
+    #[test]
+    fn fire_then_cancel_fire_wins_once() {
+        let word = StateWord::new();
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_fire(), Fire::Won);
+        assert_eq!(word.try_fire(), Fire::Lost);
+        assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Fired));
+        assert!(word.load().is_filed());
+    }
+
+    #[test]
+    fn filed_flag_reaches_the_canceller() {
+        let word = StateWord::new();
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_cancel(), Cancel::Won { filed: true });
+        assert_eq!(word.detach().state(), TimerState::Cancelled);
+    }
+
+    #[test]
+    fn detached_entries_belong_to_their_unfired() {
+        let word = StateWord::new();
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert!(word.detach().is_filed());
+        assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Pending));
+        assert_eq!(word.try_cancel_detached(), Cancel::Won { filed: false });
+        let word = StateWord::new();
+        let _ = word.detach();
+        assert_eq!(
+            word.try_fire(),
+            Fire::Won,
+            "Unfired::run fires a detached entry"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The work-stealing pool that runs callbacks, so that no callback ever runs on a
+//! shard thread and a slow callback cannot delay the clock.
+//!
+//! # Algorithm
+//!
+//! crossbeam-deque's work stealing (Chase–Lev deques per worker plus a global
+//! injector): a shard pushes a *batch* of fired tasks to the injector; an idle worker
+//! takes a batch from the injector (moving a few more to its own deque), or steals from
+//! another worker's deque. Each task runs under `catch_unwind`; a panic is counted and
+//! the worker carries on.
+//!
+//! # Ground rules
+//!
+//! - Sleeping: a worker with nothing to do registers in `sleepers` under `sleep_lock`,
+//!   re-checks the queues, and waits on `wake`. A submitter pushes, then reads
+//!   `sleepers`; if anyone sleeps it takes `sleep_lock` and notifies. A SeqCst fence on
+//!   each side between the write and the read makes sure one of them sees the other
+//!   (see `submit` and `wait_for_work`), so no batch waits while a worker sleeps.
+//! - Stopping: once `stopping` is set and the queues are empty, workers exit. Whoever
+//!   stops the pool first stops every submitter (the shards), so nothing is pushed
+//!   after the last worker looked.
+
+#![forbid(unsafe_code)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::sync::{
+    fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Condvar, Injector, Mutex,
+    Ordering, Steal, Stealer, Worker,
+};
+
+/// A started pool: its submit side and its worker threads.
+type Started<T> = (Executor<T>, Vec<thread::JoinHandle<()>>);
+
+/// The name of a thread that failed to spawn, and why.
+type SpawnFailure = (String, std::io::Error);
+
+/// A unit of work the pool runs.
+pub(crate) trait Task: Send + 'static {
+    /// Runs the task; it may panic.
+    fn run(self);
+}
+
+/// The submit side of the pool; cheap to clone.
+pub(crate) struct Executor<T> {
+    /// State shared with the workers.
+    shared: Arc<Shared<T>>,
+}
+
+/// State shared by the workers and the submitters.
+struct Shared<T> {
+    /// Batches submitted by shards, not yet taken by a worker.
+    injector: Injector<Vec<T>>,
+    /// Every worker's deque, for stealing.
+    stealers: Box<[Stealer<Vec<T>>]>,
+    /// Workers registered as about to sleep or sleeping. Written (SeqCst RMW) by
+    /// workers under `sleep_lock`; read by submitters after their fence.
+    sleepers: AtomicUsize,
+    /// Guards the re-check-then-wait of a sleeping worker against a notify.
+    sleep_lock: Mutex<()>,
+    /// Where idle workers wait.
+    wake: Condvar,
+    /// Set once by `stop`; workers exit when it is set and they find no work.
+    stopping: AtomicBool,
+    /// Panicked tasks, one counter per worker (written only by that worker, Relaxed;
+    /// exact at quiescence).
+    panicked: Box<[CachePadded<AtomicU64>]>,
+}
+
+thread_local! {
+    /// Address of the pool whose worker this thread is (0 if none), so that a
+    /// shutdown started from a callback does not join its own thread.
+    static CURRENT_POOL: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+impl<T: Task> Executor<T> {
+    /// Starts `threads` workers named `{name}-worker-{k}`.
+    ///
+    /// # Errors
+    ///
+    /// The name of the thread that failed to spawn and the OS error; workers started
+    /// before it are stopped and joined first.
+    pub(crate) fn start(threads: usize, name: &str) -> Result<Started<T>, SpawnFailure> {
+        let workers: Vec<Worker<Vec<T>>> = (0..threads).map(|_| Worker::new_fifo()).collect();
+        let shared = Arc::new(Shared {
+            injector: Injector::new(),
+            stealers: workers.iter().map(Worker::stealer).collect(),
+            sleepers: AtomicUsize::new(0),
+            sleep_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            stopping: AtomicBool::new(false),
+            panicked: (0..threads)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+        });
+        let executor = Executor { shared };
+        let mut handles = Vec::with_capacity(threads);
+        for (index, local) in workers.into_iter().enumerate() {
+            let shared = executor.shared.clone();
+            let thread_name = format!("{name}-worker-{index}");
+            match thread::Builder::new()
+                .name(thread_name.clone())
+                .spawn(move || worker_loop(&shared, index, &local))
+            {
+                Ok(handle) => handles.push(handle),
+                Err(error) => {
+                    executor.stop();
+                    for handle in handles {
+                        let _ = handle.join();
+                    }
+                    return Err((thread_name, error));
+                }
+            }
+        }
+        Ok((executor, handles))
+    }
+
+    /// Hands a batch of tasks to the pool. Never blocks on running tasks.
+    pub(crate) fn submit(&self, batch: Vec<T>) {
+        if batch.is_empty() {
+            return;
+        }
+        self.shared.injector.push(batch);
+        // ORDERING: SeqCst fence between our push and our read of `sleepers`, paired
+        // with the fence in `wait_for_work` between a worker's increment of `sleepers`
+        // and its re-check of the queues: of the two fences, whichever is first in the
+        // total order makes the other side's read see this side's write.
+        fence(Ordering::SeqCst);
+        // ORDERING: Relaxed: ordered by the fence above.
+        if self.shared.sleepers.load(Ordering::Relaxed) > 0 {
+            let _guard = self
+                .shared
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl<T> Executor<T> {
+    /// Tells the workers to exit once the queues are empty, and wakes them all.
+    pub(crate) fn stop(&self) {
+        // ORDERING: SeqCst store, read under `sleep_lock` by workers before they wait;
+        // the lock orders it against their re-check.
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        let _guard = self
+            .shared
+            .sleep_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.shared.wake.notify_all();
+    }
+
+    /// Whether the calling thread is one of this pool's workers.
+    pub(crate) fn is_current_worker(&self) -> bool {
+        let address = Arc::as_ptr(&self.shared) as *const () as usize;
+        CURRENT_POOL.with(|pool| pool.get() == address)
+    }
+
+    /// Tasks that panicked so far (exact at quiescence).
+    pub(crate) fn panicked(&self) -> u64 {
+        self.shared
+            .panicked
+            .iter()
+            // ORDERING: Relaxed: a statistic, exact once the workers are quiet.
+            .map(|counter| counter.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+impl<T> Clone for Executor<T> {
+    fn clone(&self) -> Self {
+        Executor {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<T> core::fmt::Debug for Executor<T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Executor")
+            .field("workers", &self.shared.stealers.len())
+            .field("panicked", &self.panicked())
+            .finish()
+    }
+}
+
+/// One worker: run batches until stopped and out of work.
+fn worker_loop<T: Task>(shared: &Arc<Shared<T>>, index: usize, local: &Worker<Vec<T>>) {
+    let address = Arc::as_ptr(shared) as *const () as usize;
+    CURRENT_POOL.with(|pool| pool.set(address));
+    loop {
+        if let Some(batch) = find_batch(shared, local) {
+            for task in batch {
+                if catch_unwind(AssertUnwindSafe(|| task.run())).is_err() {
+                    // ORDERING: Relaxed: a statistic written only by this worker.
+                    shared.panicked[index].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            continue;
+        }
+        if !wait_for_work(shared) {
+            return;
+        }
+    }
+}
+
+/// Our own deque first, then the injector, then the other workers (crossbeam-deque's
+/// recommended order).
+fn find_batch<T>(shared: &Shared<T>, local: &Worker<Vec<T>>) -> Option<Vec<T>> {
+    local.pop().or_else(|| {
+        core::iter::repeat_with(|| {
+            shared
+                .injector
+                .steal_batch_and_pop(local)
+                .or_else(|| shared.stealers.iter().map(Stealer::steal).collect())
+        })
+        .find(|steal| !steal.is_retry())
+        .and_then(Steal::success)
+    })
+}
+
+/// Sleeps until work may be available. Returns `false` when the worker should exit.
+fn wait_for_work<T>(shared: &Shared<T>) -> bool {
+    let guard = shared.sleep_lock.lock().unwrap_or_else(|e| e.into_inner());
+    // ORDERING: SeqCst RMW, then the SeqCst fence below, pairs with `submit`'s fence:
+    // see there.
+    shared.sleepers.fetch_add(1, Ordering::SeqCst);
+    fence(Ordering::SeqCst);
+    let has_work = !shared.injector.is_empty() || shared.stealers.iter().any(|s| !s.is_empty());
+    // ORDERING: SeqCst load under the lock `stop` takes before notifying.
+    let stopping = shared.stopping.load(Ordering::SeqCst);
+    let keep_going = if has_work {
+        true
+    } else if stopping {
+        false
+    } else {
+        let _guard = shared.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
+        true
+    };
+    // ORDERING: Relaxed: only ever makes a submitter notify needlessly, never miss.
+    shared.sleepers.fetch_sub(1, Ordering::Relaxed);
+    keep_going
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{Executor, Task};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    struct Count(Arc<AtomicUsize>, bool);
+    impl Task for Count {
+        fn run(self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            if self.1 {
+                panic!("task panics on purpose");
+            }
+        }
+    }
+
+    #[test]
+    fn every_task_runs_once_and_panics_are_counted() {
+        let (executor, handles) = Executor::<Count>::start(2, "test").unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        for batch in 0..100 {
+            executor.submit(
+                (0..10)
+                    .map(|i| Count(ran.clone(), batch == 3 && i == 0))
+                    .collect(),
+            );
+        }
+        executor.stop();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 1000);
+        assert_eq!(executor.panicked(), 1);
+    }
+}

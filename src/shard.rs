@@ -1,0 +1,444 @@
+//! One shard: a thread that owns a timing wheel and drains its insert and cancel
+//! rings, advances the wheel to the current tick, fires what is due and parks until
+//! its next expiry.
+//!
+//! # Ground rules
+//!
+//! - The wheel, the [`ShardStore`] and both ring cursors belong to the shard thread.
+//! - **Park handshake.** Before parking, the shard publishes the tick it will sleep
+//!   until in `next_wake` (SeqCst), then re-checks both rings (SeqCst load of their
+//!   tails). A producer reserves its ring slot (SeqCst CAS), then reads `next_wake`
+//!   (SeqCst) and unparks the shard if its deadline is earlier. In the single total
+//!   order of those four operations, either the shard's re-check sees the
+//!   reservation (and does not park) or the producer's read sees the published tick
+//!   (and unparks, which makes a later `park` return at once). No wakeup is lost.
+//!   While awake the shard publishes [`AWAKE`], so producers do not unpark it.
+//! - **Shutdown.** The shard closes its insert ring and drains it, empties its wheel
+//!   (clearing `FILED` on each entry), then drains its cancel ring until every
+//!   outstanding cancel message has arrived (entry ground rule 4). Pending timers come
+//!   back to the caller.
+
+#![forbid(unsafe_code)]
+
+use std::time::Instant;
+
+use crate::clock::Clock;
+use crate::entry::{CancelSink, EntryRef, File, FiredEntry, RawEntry, ShardStore};
+use crate::executor::{Executor, Task};
+use crate::handle::TimerState;
+use crate::ring::{Cursor, PushError, Ring};
+use crate::sync::{
+    thread, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering, ThreadSlot,
+};
+use crate::wheel::Wheel;
+
+/// `next_wake` while the shard is running: no producer needs to wake it.
+pub(crate) const AWAKE: u64 = 0;
+/// `next_wake` while the shard sleeps with nothing due: any deadline is earlier.
+pub(crate) const NEVER: u64 = u64::MAX;
+/// Fired tasks handed to the executor per batch.
+const FIRE_BATCH: usize = 256;
+
+impl Task for FiredEntry {
+    fn run(self) {
+        FiredEntry::run(self);
+    }
+}
+
+/// The counters one shard keeps; written only by the shard thread (Relaxed), summed
+/// on read, exact at quiescence.
+#[derive(Debug, Default)]
+pub(crate) struct ShardStats {
+    /// Timers taken from the insert ring.
+    pub(crate) scheduled: AtomicU64,
+    /// Timers that won Pending → Fired.
+    pub(crate) fired: AtomicU64,
+    /// Cancelled timers the shard has discarded or unlinked.
+    pub(crate) cancelled: AtomicU64,
+}
+
+impl ShardStats {
+    /// Adds `n` to a counter only this thread writes.
+    fn bump(counter: &AtomicU64, n: u64) {
+        // ORDERING: Relaxed: a single-writer statistic; readers want a value, not a
+        // happens-before edge.
+        counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+}
+
+/// The optional bound of `Builder::max_pending`: one shared counter of pending
+/// timers. Only services built with a limit pay for it.
+#[derive(Debug)]
+pub(crate) struct PendingLimit {
+    /// Timers scheduled and neither fired nor cancelled.
+    pending: CachePadded<AtomicUsize>,
+    /// The configured limit.
+    limit: usize,
+}
+
+impl PendingLimit {
+    /// A limit of `limit` pending timers.
+    pub(crate) fn new(limit: usize) -> Self {
+        PendingLimit {
+            pending: CachePadded::new(AtomicUsize::new(0)),
+            limit,
+        }
+    }
+
+    /// The configured limit.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Takes room for one timer, or fails if `limit` are pending.
+    pub(crate) fn try_acquire(&self) -> bool {
+        // ORDERING: Relaxed: the counter guards no other memory; the RMW alone keeps
+        // it exact, so at most `limit` acquisitions are outstanding.
+        let previous = self.pending.fetch_add(1, Ordering::Relaxed);
+        if previous >= self.limit {
+            // ORDERING: Relaxed, as above.
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Frees the room of one timer that fired or was cancelled.
+    pub(crate) fn release(&self) {
+        // ORDERING: Relaxed, as in `try_acquire`.
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What producers, cancellers and the façade share with one shard thread.
+#[derive(Debug)]
+pub(crate) struct ShardShared {
+    /// New timers, carrying the service reference (entry ground rule 1).
+    insert: Ring<EntryRef>,
+    /// Cancel messages (entry ground rule 4).
+    cancel: Ring<RawEntry>,
+    /// The tick the shard sleeps until: [`AWAKE`] while running, [`NEVER`] when idle.
+    /// Written by the shard (SeqCst before parking, Relaxed on waking); read by
+    /// producers (SeqCst) after pushing.
+    next_wake: CachePadded<AtomicU64>,
+    /// Set by shutdown; the shard then shuts down instead of parking.
+    stop: AtomicBool,
+    /// The shard thread, to unpark.
+    thread: ThreadSlot,
+    /// Counters written by the shard thread.
+    pub(crate) stats: CachePadded<ShardStats>,
+}
+
+/// The shard thread's own state.
+#[derive(Debug)]
+pub(crate) struct ShardThread {
+    /// Shared with producers.
+    shared: crate::sync::Arc<ShardShared>,
+    /// The insert ring's consumer cursor.
+    insert_cursor: Cursor,
+    /// The cancel ring's consumer cursor.
+    cancel_cursor: Cursor,
+    /// Ticks ↔ instants.
+    clock: Clock,
+    /// Where fired timers go.
+    executor: Executor<FiredEntry>,
+    /// Room freed on fire, when the service has a limit.
+    limit: Option<crate::sync::Arc<PendingLimit>>,
+}
+
+impl ShardShared {
+    /// A shard with rings of `ring_capacity` slots, and its thread state.
+    pub(crate) fn new(
+        ring_capacity: usize,
+        clock: Clock,
+        executor: Executor<FiredEntry>,
+        limit: Option<crate::sync::Arc<PendingLimit>>,
+    ) -> (crate::sync::Arc<ShardShared>, ShardThread) {
+        let (insert, insert_seed) = Ring::new(ring_capacity);
+        let (cancel, cancel_seed) = Ring::new(ring_capacity);
+        let shared = crate::sync::Arc::new(ShardShared {
+            insert,
+            cancel,
+            next_wake: CachePadded::new(AtomicU64::new(AWAKE)),
+            stop: AtomicBool::new(false),
+            thread: ThreadSlot::default(),
+            stats: CachePadded::new(ShardStats::default()),
+        });
+        let insert_cursor = insert_seed.cursor(&shared.insert);
+        let cancel_cursor = cancel_seed.cursor(&shared.cancel);
+        let thread = ShardThread {
+            shared: shared.clone(),
+            insert_cursor,
+            cancel_cursor,
+            clock,
+            executor,
+            limit,
+        };
+        (shared, thread)
+    }
+
+    /// Records the shard's thread so producers can unpark it.
+    pub(crate) fn set_thread(&self, handle: thread::Thread) {
+        self.thread.set(handle);
+    }
+
+    /// Hands a new timer due at tick `deadline` to the shard. A full ring never
+    /// loses it: the producer wakes the shard and backs off until there is room.
+    ///
+    /// # Errors
+    ///
+    /// The entry comes back if the shard has shut down (its insert ring is closed).
+    pub(crate) fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
+        let backoff = Backoff::new();
+        let mut entry = entry;
+        loop {
+            match self.insert.push(entry) {
+                Ok(position) => {
+                    // ORDERING: SeqCst: the load half of the park handshake (ground
+                    // rules); the store half was the SeqCst CAS inside `push`.
+                    let wake = self.next_wake.load(Ordering::SeqCst);
+                    if deadline < wake || self.is_filling(position) {
+                        self.thread.unpark();
+                    }
+                    return Ok(());
+                }
+                Err(PushError::Full(back)) => {
+                    entry = back;
+                    self.thread.unpark();
+                    backoff.snooze();
+                }
+                Err(PushError::Closed(back)) => return Err(back),
+            }
+        }
+    }
+
+    /// Whether a push at `position` should wake the shard because its ring is
+    /// filling: once every half ring, so a sleeping shard drains before producers
+    /// find the ring full.
+    fn is_filling(&self, position: usize) -> bool {
+        let half = (self.insert.capacity() / 2).max(1);
+        position % half == half - 1
+    }
+
+    /// Wakes the shard so it drains its rings (used by `stats`).
+    pub(crate) fn nudge(&self) {
+        self.thread.unpark();
+    }
+
+    /// Asks the shard to shut down and wakes it.
+    pub(crate) fn request_stop(&self) {
+        // ORDERING: Release pairs with the shard's Acquire load in its loop; the
+        // unpark below makes a park after that load return at once, so no handshake
+        // beyond the park token is needed.
+        self.stop.store(true, Ordering::Release);
+        self.thread.unpark();
+    }
+}
+
+impl CancelSink for ShardShared {
+    fn send_cancel(&self, entry: RawEntry) {
+        let backoff = Backoff::new();
+        let mut entry = entry;
+        loop {
+            match self.cancel.push(entry) {
+                Ok(position) => {
+                    // ORDERING: SeqCst, as in `push_insert`. An idle shard (nothing in
+                    // its wheel) is woken so the cancel is processed and counted now;
+                    // a busy one processes it at its next wake-up, at the latest
+                    // after half a ring of messages.
+                    let wake = self.next_wake.load(Ordering::SeqCst);
+                    if wake == NEVER || self.is_filling(position) {
+                        self.thread.unpark();
+                    }
+                    return;
+                }
+                Err(PushError::Full(back)) => {
+                    entry = back;
+                    self.thread.unpark();
+                    backoff.snooze();
+                }
+                Err(PushError::Closed(_)) => {
+                    unreachable!("cancel ring invariant: the cancel ring is never closed")
+                }
+            }
+        }
+    }
+}
+
+impl ShardThread {
+    /// The shard loop. Returns the timers still pending at shutdown.
+    pub(crate) fn run(mut self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
+        #[cfg(not(loom))]
+        if let Some(core) = pin_to {
+            let _ = core_affinity::set_for_current(core);
+        }
+        #[cfg(loom)]
+        let _ = pin_to;
+        let mut wheel = Wheel::new(self.clock.now_tick());
+        let mut store = crate::entry::shard_store();
+        let mut fired = Vec::with_capacity(FIRE_BATCH);
+        let mut awaiting = 0usize;
+        loop {
+            self.drain_inserts(&mut wheel, &mut store);
+            self.drain_cancels(&mut wheel, &mut store, &mut awaiting);
+            let now = self.clock.now_tick();
+            wheel.advance(&mut store, now, &mut |store, raw| {
+                let entry = store.claim(raw);
+                match entry.try_fire() {
+                    Ok(task) => {
+                        ShardStats::bump(&self.shared.stats.fired, 1);
+                        if let Some(limit) = &self.limit {
+                            limit.release();
+                        }
+                        fired.push(task);
+                        if fired.len() == FIRE_BATCH {
+                            self.executor.submit(core::mem::replace(
+                                &mut fired,
+                                Vec::with_capacity(FIRE_BATCH),
+                            ));
+                        }
+                    }
+                    Err(entry) => {
+                        // Cancelled while filed: its message is on the way, and the
+                        // wheel's reference stays until it arrives (ground rule 4).
+                        let raw = store.release(entry);
+                        store.set_awaiting_cancel(raw);
+                        awaiting += 1;
+                    }
+                }
+            });
+            if !fired.is_empty() {
+                self.executor.submit(core::mem::replace(
+                    &mut fired,
+                    Vec::with_capacity(FIRE_BATCH),
+                ));
+            }
+            // ORDERING: Acquire pairs with the Release store in `request_stop`.
+            if self.shared.stop.load(Ordering::Acquire) {
+                break;
+            }
+            self.park_until(wheel.next_expiry());
+        }
+        self.shut_down(&mut wheel, &mut store, awaiting)
+    }
+
+    /// Files new timers; at most one ring's worth per call so expiry is not starved.
+    fn drain_inserts(&mut self, wheel: &mut Wheel<RawEntry>, store: &mut ShardStore) {
+        let mut drained = 0u64;
+        while drained < self.shared.insert.capacity() as u64 {
+            let Some(entry) = self.shared.insert.pop(&mut self.insert_cursor) else {
+                break;
+            };
+            drained += 1;
+            match entry.mark_filed() {
+                File::Filed => {
+                    let raw = store.release(entry);
+                    wheel.insert(store, raw);
+                }
+                File::AlreadyCancelled => {
+                    ShardStats::bump(&self.shared.stats.cancelled, 1);
+                    drop(entry);
+                }
+            }
+        }
+        ShardStats::bump(&self.shared.stats.scheduled, drained);
+    }
+
+    /// Processes cancel messages; returns how many.
+    fn drain_cancels(
+        &mut self,
+        wheel: &mut Wheel<RawEntry>,
+        store: &mut ShardStore,
+        awaiting: &mut usize,
+    ) -> usize {
+        let mut drained = 0;
+        while drained < self.shared.cancel.capacity() {
+            let Some(raw) = self.shared.cancel.pop(&mut self.cancel_cursor) else {
+                break;
+            };
+            drained += 1;
+            if store.is_awaiting_cancel(raw) {
+                *awaiting -= 1;
+            } else {
+                wheel.remove(store, raw);
+            }
+            drop(store.claim(raw));
+        }
+        ShardStats::bump(&self.shared.stats.cancelled, drained as u64);
+        drained
+    }
+
+    /// Sleeps until tick `next` (or indefinitely), unless work arrived meanwhile.
+    fn park_until(&self, next: Option<u64>) {
+        let wake = next.unwrap_or(NEVER);
+        let now = self.clock.now_tick();
+        if wake <= now {
+            return;
+        }
+        // ORDERING: SeqCst: the store half of the park handshake (ground rules).
+        self.shared.next_wake.store(wake, Ordering::SeqCst);
+        let work_arrived = self.shared.insert.has_pending(&self.insert_cursor)
+            || self.shared.cancel.has_pending(&self.cancel_cursor);
+        // ORDERING: Acquire pairs with `request_stop`'s Release store.
+        if !work_arrived && !self.shared.stop.load(Ordering::Acquire) {
+            if wake == NEVER {
+                thread::park();
+            } else {
+                let until = self.clock.tick_to_instant(wake);
+                let now = Instant::now();
+                if until > now {
+                    thread::park_timeout(until - now);
+                }
+            }
+        }
+        // ORDERING: Relaxed: a stale value only makes a producer unpark needlessly.
+        self.shared.next_wake.store(AWAKE, Ordering::Relaxed);
+    }
+
+    /// Closes the insert ring, empties everything, waits for outstanding cancel
+    /// messages, and returns the pending timers.
+    fn shut_down(
+        &mut self,
+        wheel: &mut Wheel<RawEntry>,
+        store: &mut ShardStore,
+        mut awaiting: usize,
+    ) -> Vec<EntryRef> {
+        let mut unfired = Vec::new();
+        let reserved = self.shared.insert.close();
+        let mut scheduled = 0u64;
+        let mut cancelled = 0u64;
+        self.shared
+            .insert
+            .drain_closed(&mut self.insert_cursor, reserved, &mut |entry| {
+                scheduled += 1;
+                // Never filed, so a cancel sent no message either way.
+                match entry.detach().state() {
+                    TimerState::Pending => unfired.push(entry),
+                    _ => cancelled += 1,
+                }
+            });
+        ShardStats::bump(&self.shared.stats.scheduled, scheduled);
+        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
+        wheel.drain(&mut |raw| {
+            let entry = store.claim(raw);
+            match entry.detach().state() {
+                TimerState::Pending => unfired.push(entry),
+                TimerState::Cancelled => {
+                    let raw = store.release(entry);
+                    store.set_awaiting_cancel(raw);
+                    awaiting += 1;
+                }
+                TimerState::Fired => {
+                    unreachable!("wheel invariant: a fired entry is never in the wheel")
+                }
+            }
+        });
+        let backoff = Backoff::new();
+        while awaiting > 0 {
+            if self.drain_cancels(wheel, store, &mut awaiting) == 0 {
+                backoff.snooze();
+            }
+        }
+        unfired
+    }
+}

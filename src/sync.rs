@@ -1,0 +1,244 @@
+//! The loom shim: every atomic, cell, lock, thread and backoff the crate uses comes
+//! from here, so that under `--cfg loom` the model checker sees each of them.
+//!
+//! | item | normal build | `cfg(loom)` build | what the models therefore do not check |
+//! | --- | --- | --- | --- |
+//! | atomics, `fence`, `Arc`, `Mutex`, `Condvar` | `std` | `loom` | — |
+//! | [`UnsafeCell`] | `core::cell::UnsafeCell` behind loom's `with`/`with_mut` API | `loom::cell::UnsafeCell` | — |
+//! | `thread::{spawn, park, current}` | `std::thread` | `loom::thread` | — |
+//! | `thread::park_timeout` | `std::thread::park_timeout` | `park` (no real time) | that a timed park returns by itself: models unpark explicitly |
+//! | [`Backoff`] | `crossbeam_utils::Backoff` | `loom::thread::yield_now` | the spin/yield schedule |
+//! | executor queues | `crossbeam_deque` | a `Mutex<VecDeque>` stand-in | crossbeam-deque's own lock-freedom (it has its own tests) |
+//! | core pinning | `core_affinity` | not called | — |
+
+#![allow(
+    unreachable_pub,
+    reason = "re-exports keep the std/loom names; visibility is crate-wide anyway"
+)]
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::{
+    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    Arc, Condvar, Mutex,
+};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::{
+    atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
+    Arc, Condvar, Mutex,
+};
+
+pub(crate) use crossbeam_utils::CachePadded;
+
+/// Threads: spawn, park and unpark.
+pub(crate) mod thread {
+    #[cfg(not(loom))]
+    pub(crate) use std::thread::{current, park, park_timeout, Builder, JoinHandle, Thread};
+
+    #[cfg(loom)]
+    pub(crate) use loom::thread::{current, park, Builder, JoinHandle, Thread};
+
+    /// Under loom there is no real time: a timed park is a plain park, and the models
+    /// unpark explicitly.
+    #[cfg(loom)]
+    pub(crate) fn park_timeout(_timeout: std::time::Duration) {
+        park();
+    }
+}
+
+/// A spin hint for tight retry loops.
+pub(crate) fn spin_loop() {
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
+
+/// Exponential backoff for retry loops.
+#[cfg(not(loom))]
+pub(crate) use crossbeam_utils::Backoff;
+
+/// Under loom, backing off must yield to the model's scheduler, or a spinning thread
+/// would starve the thread it waits for.
+#[cfg(loom)]
+#[derive(Debug, Default)]
+pub(crate) struct Backoff;
+
+#[cfg(loom)]
+impl Backoff {
+    /// A fresh backoff.
+    pub(crate) fn new() -> Self {
+        Backoff
+    }
+    /// Yields to loom.
+    pub(crate) fn spin(&self) {
+        loom::thread::yield_now();
+    }
+    /// Yields to loom.
+    pub(crate) fn snooze(&self) {
+        loom::thread::yield_now();
+    }
+}
+
+/// `UnsafeCell` with loom's closure API in both builds, so that every access to the
+/// cell's contents is visible to loom's race detector.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    /// A cell holding `value`.
+    pub(crate) const fn new(value: T) -> Self {
+        UnsafeCell(core::cell::UnsafeCell::new(value))
+    }
+    /// Calls `f` with a shared raw pointer to the contents.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+    /// Calls `f` with an exclusive raw pointer to the contents.
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// The executor's queues.
+#[cfg(not(loom))]
+pub(crate) use crossbeam_deque::{Injector, Steal, Stealer, Worker};
+
+#[cfg(loom)]
+pub(crate) use loom_deque::{Injector, Steal, Stealer, Worker};
+
+/// A loom-visible stand-in for crossbeam-deque: every queue is a `Mutex<VecDeque>`.
+/// It keeps crossbeam's API and FIFO/LIFO shape, not its lock-freedom.
+#[cfg(loom)]
+mod loom_deque {
+    use super::{Arc, Mutex};
+    use std::collections::VecDeque;
+
+    /// The outcome of a steal.
+    #[derive(Debug)]
+    pub(crate) enum Steal<T> {
+        Empty,
+        Success(T),
+        Retry,
+    }
+
+    impl<T> Steal<T> {
+        pub(crate) fn is_retry(&self) -> bool {
+            matches!(self, Steal::Retry)
+        }
+        pub(crate) fn success(self) -> Option<T> {
+            match self {
+                Steal::Success(task) => Some(task),
+                _ => None,
+            }
+        }
+    }
+
+    impl<T> FromIterator<Steal<T>> for Steal<T> {
+        fn from_iter<I: IntoIterator<Item = Steal<T>>>(iter: I) -> Self {
+            for steal in iter {
+                if let Steal::Success(task) = steal {
+                    return Steal::Success(task);
+                }
+            }
+            Steal::Empty
+        }
+    }
+
+    /// The global queue.
+    #[derive(Debug)]
+    pub(crate) struct Injector<T>(Mutex<VecDeque<T>>);
+
+    impl<T> Injector<T> {
+        pub(crate) fn new() -> Self {
+            Injector(Mutex::new(VecDeque::new()))
+        }
+        pub(crate) fn push(&self, task: T) {
+            self.0.lock().unwrap().push_back(task);
+        }
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.lock().unwrap().is_empty()
+        }
+        pub(crate) fn steal_batch_and_pop(&self, _dest: &Worker<T>) -> Steal<T> {
+            self.0
+                .lock()
+                .unwrap()
+                .pop_front()
+                .map_or(Steal::Empty, Steal::Success)
+        }
+    }
+
+    /// A worker's own queue.
+    #[derive(Debug)]
+    pub(crate) struct Worker<T>(Arc<Mutex<VecDeque<T>>>);
+
+    impl<T> Worker<T> {
+        pub(crate) fn new_fifo() -> Self {
+            Worker(Arc::new(Mutex::new(VecDeque::new())))
+        }
+        pub(crate) fn pop(&self) -> Option<T> {
+            self.0.lock().unwrap().pop_front()
+        }
+        pub(crate) fn stealer(&self) -> Stealer<T> {
+            Stealer(self.0.clone())
+        }
+    }
+
+    /// Another worker's view of a queue.
+    #[derive(Debug)]
+    pub(crate) struct Stealer<T>(Arc<Mutex<VecDeque<T>>>);
+
+    impl<T> Stealer<T> {
+        pub(crate) fn steal(&self) -> Steal<T> {
+            self.0
+                .lock()
+                .unwrap()
+                .pop_back()
+                .map_or(Steal::Empty, Steal::Success)
+        }
+    }
+}
+
+/// A thread handle set once after the thread is spawned, then used by any thread to
+/// unpark it.
+#[derive(Debug, Default)]
+pub(crate) struct ThreadSlot {
+    /// The thread, once set.
+    #[cfg(not(loom))]
+    thread: std::sync::OnceLock<thread::Thread>,
+    /// The thread, once set (loom has no `OnceLock`).
+    #[cfg(loom)]
+    thread: Mutex<Option<thread::Thread>>,
+}
+
+impl ThreadSlot {
+    /// Records the thread; later calls are ignored.
+    pub(crate) fn set(&self, handle: thread::Thread) {
+        #[cfg(not(loom))]
+        let _ = self.thread.set(handle);
+        #[cfg(loom)]
+        {
+            let mut slot = self.thread.lock().unwrap();
+            if slot.is_none() {
+                *slot = Some(handle);
+            }
+        }
+    }
+
+    /// Unparks the thread, if set. An unpark before the park makes the park return.
+    pub(crate) fn unpark(&self) {
+        #[cfg(not(loom))]
+        if let Some(handle) = self.thread.get() {
+            handle.unpark();
+        }
+        #[cfg(loom)]
+        if let Some(handle) = self.thread.lock().unwrap().as_ref() {
+            handle.unpark();
+        }
+    }
+}

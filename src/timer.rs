@@ -1,0 +1,525 @@
+//! [`ShardedTimer`], the service façade that routes each timer to a shard by the hash
+//! of its id, and its [`Builder`].
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::clock::Clock;
+use crate::entry::{EntryRef, FiredEntry};
+use crate::error::{BuildError, ScheduleError};
+use crate::executor::Executor;
+use crate::handle::{TimerHandle, TimerId, Unfired};
+use crate::shard::{PendingLimit, ShardShared};
+use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
+
+/// Default slots per ring.
+const DEFAULT_RING_CAPACITY: usize = 4096;
+
+/// A snapshot of the service's counters.
+///
+/// Each shard counts what it has processed, so the counters are cheap (no shared
+/// counter on the hot path) and exact at quiescence: once every timer has fired or
+/// been cancelled and the shards have caught up,
+/// `scheduled == fired + cancelled + pending`. A timer still in a shard's insert ring
+/// is counted once the shard takes it in: at once if its deadline is earlier than
+/// anything the shard holds, otherwise when the shard next wakes, which `stats()`
+/// itself prompts (it unparks every shard), so counts catch up within one shard loop.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Timers the shards hold that have neither fired nor been cancelled
+    /// (`scheduled - fired - cancelled`).
+    pub pending: u64,
+    /// Timers the shards have taken in.
+    pub scheduled: u64,
+    /// Timers whose callbacks were handed to the executor.
+    pub fired: u64,
+    /// Cancelled timers the shards have processed.
+    pub cancelled: u64,
+    /// Callbacks that panicked (caught; the executor lives on).
+    pub panicked: u64,
+}
+
+/// Configuration of a [`ShardedTimer`]; see each method for its default.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let timer = sharded_timer::ShardedTimer::builder()
+///     .shards(2)
+///     .tick(Duration::from_millis(1))
+///     .executor_threads(2)
+///     .max_pending(1_000_000)
+///     .thread_name("timeouts")
+///     .build()?;
+/// # Ok::<(), sharded_timer::BuildError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Builder {
+    /// Number of shards (threads with a wheel each).
+    shards: Option<usize>,
+    /// Length of one tick.
+    tick: Duration,
+    /// Number of executor workers.
+    executor_threads: Option<usize>,
+    /// Pin shard `k` to core `k`.
+    pin_cores: bool,
+    /// Bound on pending timers.
+    max_pending: Option<usize>,
+    /// Slots per ring.
+    ring_capacity: usize,
+    /// Prefix of every thread's name.
+    thread_name: String,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            shards: None,
+            tick: Duration::from_millis(1),
+            executor_threads: None,
+            pin_cores: true,
+            max_pending: None,
+            ring_capacity: DEFAULT_RING_CAPACITY,
+            thread_name: "sharded-timer".to_owned(),
+        }
+    }
+}
+
+/// The number of cores the process may use.
+fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+impl Builder {
+    /// Number of shards, each a thread with its own wheel and rings. Default: the
+    /// number of available cores. `0` makes [`build`](Self::build) fail.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The resolution of the wheels. Deadlines round up to a tick, so a timer fires
+    /// at most one tick (plus wake-up latency) after its deadline. Default: 1 ms.
+    /// Zero makes [`build`](Self::build) fail.
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.tick = tick;
+        self
+    }
+
+    /// Number of threads that run callbacks. Default: the number of available cores.
+    /// `0` makes [`build`](Self::build) fail.
+    pub fn executor_threads(mut self, threads: usize) -> Self {
+        self.executor_threads = Some(threads);
+        self
+    }
+
+    /// Pin shard `k` to core `k` (with `core_affinity`). Default: `true`. Ignored
+    /// where pinning is unsupported or there are fewer cores than shards.
+    pub fn pin_cores(mut self, pin: bool) -> Self {
+        self.pin_cores = pin;
+        self
+    }
+
+    /// Bound the number of pending timers: the `limit + 1`-th concurrent schedule
+    /// gets [`ScheduleError::TooManyPending`]. Firing and cancelling free room.
+    /// Default: unbounded (and no shared counter). `0` makes
+    /// [`build`](Self::build) fail.
+    pub fn max_pending(mut self, limit: usize) -> Self {
+        self.max_pending = Some(limit);
+        self
+    }
+
+    /// Slots of each shard's insert ring and cancel ring: a power of two, at least 2.
+    /// A full ring never drops a timer; the scheduling thread waits for room.
+    /// Default: 4096. Other values make [`build`](Self::build) fail.
+    pub fn ring_capacity(mut self, capacity: usize) -> Self {
+        self.ring_capacity = capacity;
+        self
+    }
+
+    /// Prefix of the service's thread names (`{name}-shard-{k}`,
+    /// `{name}-worker-{k}`). Default: `sharded-timer`.
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = name.into();
+        self
+    }
+
+    /// Starts the service: one thread per shard and the executor's workers.
+    ///
+    /// # Errors
+    ///
+    /// - [`BuildError::ZeroShards`], [`BuildError::ZeroExecutorThreads`],
+    ///   [`BuildError::InvalidTick`], [`BuildError::InvalidRingCapacity`],
+    ///   [`BuildError::ZeroMaxPending`] for invalid settings;
+    /// - [`BuildError::Spawn`] if a thread cannot be started (the threads already
+    ///   started are stopped and joined first).
+    pub fn build(self) -> Result<ShardedTimer, BuildError> {
+        let shards = self.shards.unwrap_or_else(available_cores);
+        let workers = self.executor_threads.unwrap_or_else(available_cores);
+        if shards == 0 {
+            return Err(BuildError::ZeroShards);
+        }
+        if workers == 0 {
+            return Err(BuildError::ZeroExecutorThreads);
+        }
+        if self.tick.is_zero() || u64::try_from(self.tick.as_nanos()).is_err() {
+            return Err(BuildError::InvalidTick { tick: self.tick });
+        }
+        if self.ring_capacity < 2 || !self.ring_capacity.is_power_of_two() {
+            return Err(BuildError::InvalidRingCapacity {
+                capacity: self.ring_capacity,
+            });
+        }
+        if self.max_pending == Some(0) {
+            return Err(BuildError::ZeroMaxPending);
+        }
+        let clock = Clock::new(Instant::now(), self.tick);
+        let limit = self
+            .max_pending
+            .map(|limit| Arc::new(PendingLimit::new(limit)));
+        let (executor, worker_threads) = Executor::<FiredEntry>::start(workers, &self.thread_name)
+            .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
+        let cores = if self.pin_cores && !cfg!(loom) {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut shared = Vec::with_capacity(shards);
+        let mut shard_threads = Vec::with_capacity(shards);
+        for index in 0..shards {
+            let (shard, shard_thread) =
+                ShardShared::new(self.ring_capacity, clock, executor.clone(), limit.clone());
+            let pin_to = (cores.len() >= shards).then(|| cores[index]);
+            let name = format!("{}-shard-{index}", self.thread_name);
+            match thread::Builder::new()
+                .name(name.clone())
+                .spawn(move || shard_thread.run(pin_to))
+            {
+                Ok(handle) => {
+                    shard.set_thread(handle.thread().clone());
+                    shared.push(shard);
+                    shard_threads.push(handle);
+                }
+                Err(source) => {
+                    let partial = Threads {
+                        shards: shard_threads,
+                        workers: worker_threads,
+                    };
+                    for shard in &shared {
+                        shard.request_stop();
+                    }
+                    drop(partial.join(&executor, false));
+                    return Err(BuildError::Spawn {
+                        thread: name,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(ShardedTimer {
+            inner: Arc::new(Inner {
+                shards: shared.into_boxed_slice(),
+                clock,
+                limit,
+                stopped: AtomicBool::new(false),
+                executor,
+                threads: Mutex::new(Some(Threads {
+                    shards: shard_threads,
+                    workers: worker_threads,
+                })),
+                tick: self.tick,
+            }),
+        })
+    }
+}
+
+/// The service's threads, until shutdown joins them.
+struct Threads {
+    /// Shard threads; each returns its pending timers.
+    shards: Vec<thread::JoinHandle<Vec<EntryRef>>>,
+    /// Executor workers.
+    workers: Vec<thread::JoinHandle<()>>,
+}
+
+impl Threads {
+    /// Joins the shards (already asked to stop), then stops and joins the executor,
+    /// skipping the calling thread if it is one of the workers. Returns the pending
+    /// timers.
+    fn join(self, executor: &Executor<FiredEntry>, caller_is_worker: bool) -> Vec<EntryRef> {
+        let mut pending = Vec::new();
+        for shard in self.shards {
+            match shard.join() {
+                Ok(unfired) => pending.extend(unfired),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        executor.stop();
+        let me = thread::current().id();
+        for worker in self.workers {
+            if caller_is_worker && worker.thread().id() == me {
+                continue; // exits by itself once this callback returns
+            }
+            let _ = worker.join();
+        }
+        pending
+    }
+}
+
+/// State shared by every clone of a [`ShardedTimer`].
+struct Inner {
+    /// The shards, indexed by `TimerId::shard_index`.
+    shards: Box<[Arc<ShardShared>]>,
+    /// Ticks ↔ instants.
+    clock: Clock,
+    /// The pending bound, if configured.
+    limit: Option<Arc<PendingLimit>>,
+    /// Set when shutdown starts; `schedule` then fails. Written Release, read Acquire.
+    stopped: AtomicBool,
+    /// The callback pool.
+    executor: Executor<FiredEntry>,
+    /// The threads, taken by the first shutdown.
+    threads: Mutex<Option<Threads>>,
+    /// The configured tick, for `Debug`.
+    tick: Duration,
+}
+
+impl Inner {
+    /// Shuts down (idempotent); returns the pending timers.
+    fn shut_down(&self) -> Vec<Unfired> {
+        // ORDERING: Release pairs with `schedule`'s Acquire load; a schedule that
+        // misses it is caught by the closed insert ring instead.
+        self.stopped.store(true, Ordering::Release);
+        let caller_is_worker = self.executor.is_current_worker();
+        let mut guard = if caller_is_worker {
+            // A callback calling shutdown while another shutdown waits for that very
+            // callback must not block: that shutdown will do the work.
+            match self.threads.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return Vec::new(),
+            }
+        } else {
+            self.threads.lock().unwrap_or_else(|e| e.into_inner())
+        };
+        let Some(threads) = guard.take() else {
+            return Vec::new();
+        };
+        for shard in self.shards.iter() {
+            shard.request_stop();
+        }
+        let pending = threads.join(&self.executor, caller_is_worker);
+        drop(guard);
+        pending
+            .into_iter()
+            .map(|entry| {
+                let deadline = self.clock.tick_to_instant(entry.deadline());
+                Unfired::new(entry, deadline)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Dropping the last clone shuts down and drops the unfired callbacks.
+        drop(self.shut_down());
+    }
+}
+
+/// A sharded hierarchical timing-wheel timer service.
+///
+/// Cloning is cheap and every clone drives the same service; dropping the last clone
+/// shuts it down (see [`shutdown`](Self::shutdown)). See the crate docs for the
+/// guarantees.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::mpsc;
+/// use std::time::Duration;
+/// use sharded_timer::ShardedTimer;
+///
+/// let timer = ShardedTimer::new();
+/// let (tx, rx) = mpsc::channel();
+/// timer.schedule(Duration::from_millis(5), move || tx.send("fired").unwrap()).unwrap();
+/// assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("fired"));
+/// ```
+#[derive(Clone)]
+pub struct ShardedTimer {
+    /// The shared service.
+    inner: Arc<Inner>,
+}
+
+impl ShardedTimer {
+    /// A service with the default configuration (see [`Builder`]).
+    ///
+    /// # Panics
+    ///
+    /// Only if the operating system cannot start its threads; use
+    /// [`builder`](Self::builder) to handle that as an error.
+    pub fn new() -> ShardedTimer {
+        match Builder::default().build() {
+            Ok(timer) => timer,
+            Err(error) => panic!("sharded-timer could not start: {error}"),
+        }
+    }
+
+    /// A [`Builder`] with the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// Runs `f` once, on an executor thread, at or after `delay` from now.
+    ///
+    /// `delay` is a `Duration` measured with `Instant`; the deadline rounds up to the
+    /// service's tick. `Duration::ZERO` fires on the next tick. A delay too large to
+    /// add to `Instant::now()`, or beyond the wheel's range, saturates: the timer is
+    /// kept, never fires early, never panics (in practice, never fires). Everything
+    /// `schedule` did before returning happens-before `f` starts.
+    ///
+    /// # Errors
+    ///
+    /// - [`ScheduleError::Shutdown`] after [`shutdown`](Self::shutdown) has started;
+    /// - [`ScheduleError::TooManyPending`] when [`Builder::max_pending`] timers are
+    ///   pending.
+    ///
+    /// `f` is dropped, not run, on error.
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn schedule<F>(&self, delay: Duration, f: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let tick = match Instant::now().checked_add(delay) {
+            Some(deadline) => self.inner.clock.instant_to_tick(deadline),
+            None => u64::MAX,
+        };
+        self.schedule_tick(tick, f)
+    }
+
+    /// Runs `f` once, on an executor thread, at or after `deadline`.
+    ///
+    /// A `deadline` in the past fires on the next tick. Otherwise as
+    /// [`schedule`](Self::schedule).
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule`](Self::schedule).
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn schedule_at<F>(&self, deadline: Instant, f: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let tick = self.inner.clock.instant_to_tick(deadline);
+        self.schedule_tick(tick, f)
+    }
+
+    /// Schedules `f` at tick `deadline`: allocate the entry, route it by the hash of
+    /// its id, push it to that shard's ring.
+    fn schedule_tick<F>(&self, deadline: u64, f: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let inner = &*self.inner;
+        // ORDERING: Acquire pairs with the Release store in `shut_down`; a stale
+        // `false` is caught by the closed ring below.
+        if inner.stopped.load(Ordering::Acquire) {
+            return Err(ScheduleError::Shutdown);
+        }
+        if let Some(limit) = &inner.limit {
+            if !limit.try_acquire() {
+                return Err(ScheduleError::TooManyPending {
+                    limit: limit.limit(),
+                });
+            }
+        }
+        let id = TimerId::next();
+        let shard = &inner.shards[id.shard_index(inner.shards.len())];
+        let (handle_ref, service_ref) = EntryRef::new(id, deadline, f);
+        if let Err(service_ref) = shard.push_insert(service_ref, deadline) {
+            // The shard has shut down: nobody else has seen this entry; dropping both
+            // references drops the callback.
+            drop(service_ref);
+            drop(handle_ref);
+            if let Some(limit) = &inner.limit {
+                limit.release();
+            }
+            return Err(ScheduleError::Shutdown);
+        }
+        let instant = inner.clock.tick_to_instant(deadline);
+        Ok(TimerHandle::new(
+            handle_ref,
+            shard,
+            inner.limit.clone(),
+            instant,
+        ))
+    }
+
+    /// A snapshot of the counters, summed over the shards and workers. Cheap: no
+    /// lock; it also wakes each shard so that timers waiting in its rings are counted
+    /// by the next call (see [`Stats`]).
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats::default();
+        for shard in self.inner.shards.iter() {
+            shard.nudge();
+            // ORDERING: Relaxed: statistics, exact at quiescence.
+            stats.scheduled += shard.stats.scheduled.load(Ordering::Relaxed);
+            // ORDERING: as above.
+            stats.fired += shard.stats.fired.load(Ordering::Relaxed);
+            // ORDERING: as above.
+            stats.cancelled += shard.stats.cancelled.load(Ordering::Relaxed);
+        }
+        stats.pending = stats
+            .scheduled
+            .saturating_sub(stats.fired + stats.cancelled);
+        stats.panicked = self.inner.executor.panicked();
+        stats
+    }
+
+    /// Stops the service and returns every timer still pending, in wheels or rings.
+    ///
+    /// After `shutdown` starts, [`schedule`](Self::schedule) returns
+    /// [`ScheduleError::Shutdown`]. Callbacks already handed to the executor finish
+    /// before `shutdown` returns, and all threads are joined. Idempotent: later calls
+    /// return an empty vector. Called from a callback, it does not wait for that
+    /// callback's own thread.
+    ///
+    /// # Panics
+    ///
+    /// Only if a shard thread panicked (an internal invariant failed); the panic is
+    /// propagated.
+    pub fn shutdown(&self) -> Vec<Unfired> {
+        self.inner.shut_down()
+    }
+}
+
+impl Default for ShardedTimer {
+    fn default() -> Self {
+        ShardedTimer::new()
+    }
+}
+
+impl fmt::Debug for ShardedTimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardedTimer")
+            .field("shards", &self.inner.shards.len())
+            .field("tick", &self.inner.tick)
+            .field(
+                "max_pending",
+                &self.inner.limit.as_ref().map(|limit| limit.limit()),
+            )
+            // ORDERING: Relaxed: a diagnostic.
+            .field("stopped", &self.inner.stopped.load(Ordering::Relaxed))
+            .field("stats", &self.stats())
+            .finish()
+    }
+}

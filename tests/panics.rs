@@ -1,0 +1,31 @@
+//! A panicking callback is caught and counted; the service lives on.
+
+mod support;
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use support::{small_timer, wait_until, WAIT};
+
+#[test]
+fn a_panicking_callback_does_not_take_down_the_service() {
+    let timer = small_timer();
+    for _ in 0..10 {
+        timer
+            .schedule(Duration::ZERO, || panic!("callback panics on purpose"))
+            .unwrap();
+    }
+    assert!(wait_until(WAIT, || timer.stats().panicked == 10));
+    let (tx, rx) = mpsc::channel();
+    for i in 0..100 {
+        let tx = tx.clone();
+        timer
+            .schedule(Duration::from_millis(i % 5), move || tx.send(i).unwrap())
+            .unwrap();
+    }
+    let mut got: Vec<u64> = (0..100).map(|_| rx.recv_timeout(WAIT).unwrap()).collect();
+    got.sort_unstable();
+    assert_eq!(got, (0..100).collect::<Vec<_>>());
+    let stats = timer.stats();
+    assert_eq!((stats.fired, stats.panicked), (110, 10));
+}

@@ -1,0 +1,70 @@
+//! Shared helpers for the integration tests.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sharded_timer::ShardedTimer;
+
+/// Generous bound for waiting on a condition on a slow, shared CI machine.
+pub(crate) const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `condition` every millisecond until it holds or `timeout` passes; returns
+/// whether it held.
+pub(crate) fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if condition() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A small service for tests: 2 shards, 2 workers, no pinning (tests run side by
+/// side), and a short thread name.
+pub(crate) fn small_timer() -> ShardedTimer {
+    ShardedTimer::builder()
+        .shards(2)
+        .executor_threads(2)
+        .pin_cores(false)
+        .thread_name("test")
+        .build()
+        .expect("a 2-shard service builds")
+}
+
+/// Counts how often it was dropped; clone it into a callback to see when the
+/// callback's captures are freed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DropCounter(Arc<AtomicUsize>);
+
+/// The token a callback captures.
+#[derive(Debug)]
+pub(crate) struct DropToken(Arc<AtomicUsize>);
+
+impl DropCounter {
+    pub(crate) fn token(&self) -> DropToken {
+        DropToken(self.0.clone())
+    }
+    pub(crate) fn dropped(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for DropToken {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Threads of this process, from /proc (Linux); `None` elsewhere.
+pub(crate) fn thread_count() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()
+        .map(|dir| dir.count())
+}
