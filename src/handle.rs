@@ -77,10 +77,12 @@ impl TimerId {
         TimerId(bits)
     }
 
-    /// The shard this id routes to, among `shards` (Fibonacci hashing, so consecutive
-    /// ids of one thread spread over all shards).
+    /// The shard this id routes to, among `shards`: Fibonacci hashing of the id
+    /// without its low 6 bits, so each run of 64 consecutive timers of one thread goes
+    /// to one shard (that ring's tail stays in the thread's cache for the run) and
+    /// successive runs spread over all shards.
     pub(crate) fn shard_index(self, shards: usize) -> usize {
-        let hash = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+        let hash = (self.0 >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
         (hash % shards as u64) as usize
     }
 }

@@ -24,7 +24,8 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
         for producer in 0..common.producers {
             let (timer, bar) = (&timer, &bar);
             scope.spawn(move || {
-                let range = (producer..timers).step_by(common.producers);
+                common.pin_producer(producer);
+                let range = common.share(producer, timers);
                 for (n, index) in range.enumerate() {
                     timer
                         .schedule_at(due, move || tracker.record(index, tracker.base))
@@ -48,8 +49,9 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     bar.set_position(timers as u64);
     bar.set_message("draining");
     let all_fired = crate::report::wait_until(lead + Duration::from_secs(60), || {
-        tracker.fired() == timers as u64
+        timer.stats().fired == timers as u64
     });
+    drop(timer.shutdown()); // returns once every callback has finished
     bar.finish_and_clear();
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
@@ -58,7 +60,6 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     let drain = Duration::from_micros(lateness.max.max(1));
     let rate = fired as f64 / drain.as_secs_f64();
     let lost = if all_fired { 0 } else { timers as u64 - fired };
-    drop(timer.shutdown());
     let (wall, cpu, rss) = meter.stop();
     notes.push(format!(
         "{timers} timers due in one tick: all ran within {:.1} ms of the deadline ({:.2} M timers/s)",

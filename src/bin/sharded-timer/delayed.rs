@@ -31,7 +31,8 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
         for producer in 0..common.producers {
             let (timer, bar) = (&timer, &bar);
             scope.spawn(move || {
-                for (n, index) in (producer..jobs).step_by(common.producers).enumerate() {
+                common.pin_producer(producer);
+                for (n, index) in common.share(producer, jobs).enumerate() {
                     let deadline = deadline_of(tracker.base, horizon, index);
                     // The captures: a `&'static Tracker` and a u32 index (16 bytes).
                     let slot = index as u32;
@@ -53,16 +54,18 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
     });
     let schedule_time = start.elapsed();
     // Every job is pending now unless scheduling outlasted the first 10 % of the horizon.
-    let fired_meanwhile = tracker.fired();
+    let fired_meanwhile = timer.stats().fired;
     let pending = jobs as u64 - fired_meanwhile;
     let allocated = crate::alloc::allocated().saturating_sub(allocated_before);
     bar.set_position(0);
     bar.set_length(jobs as u64);
     bar.set_message("firing");
     let all_fired = crate::report::wait_until(horizon + Duration::from_secs(60), || {
-        bar.set_position(tracker.fired());
-        tracker.fired() == jobs as u64
+        let fired = timer.stats().fired;
+        bar.set_position(fired);
+        fired == jobs as u64
     });
+    drop(timer.shutdown()); // returns once every callback has finished
     bar.finish_and_clear();
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
@@ -71,7 +74,6 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
     } else {
         tracker.unfired_in(0..jobs)
     };
-    drop(timer.shutdown());
     let (wall, cpu, rss) = meter.stop();
     let mut notes = vec![format!(
         "{jobs} jobs over {:.1} s: scheduled in {:.0} ms, {pending} pending at once, \

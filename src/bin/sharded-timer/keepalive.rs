@@ -42,9 +42,9 @@ pub(crate) fn run(common: &Common, connections: usize, timeout_s: f64) -> Worklo
             .map(|producer| {
                 let (timer, bar, busy_expired) = (&timer, &bar, &busy_expired);
                 scope.spawn(move || {
+                    common.pin_producer(producer);
                     // Even connections are busy, odd ones silent.
-                    let mine: Vec<usize> =
-                        (producer..connections).step_by(common.producers).collect();
+                    let mine: Vec<usize> = common.share(producer, connections).collect();
                     let mut handles: Vec<Option<TimerHandle>> = mine
                         .iter()
                         .map(|&index| Some(arm(timer, tracker, index)))
@@ -93,18 +93,13 @@ pub(crate) fn run(common: &Common, connections: usize, timeout_s: f64) -> Worklo
     let busy_elapsed = start.elapsed();
     bar.finish_and_clear();
     // Everyone is silent now: every connection must expire exactly once.
-    let all_expired = crate::report::wait_until(timeout + Duration::from_secs(30), || {
-        tracker.fired() >= connections as u64
+    crate::report::wait_until(timeout + Duration::from_secs(30), || {
+        timer.stats().fired >= connections as u64
     });
-    std::thread::sleep(Duration::from_millis(20));
+    drop(timer.shutdown()); // returns once every callback has finished
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
-    let lost = if all_expired {
-        0
-    } else {
-        tracker.unfired_in(0..connections)
-    };
-    drop(timer.shutdown());
+    let lost = tracker.unfired_in(0..connections);
     let (wall, cpu, rss) = meter.stop();
     let busy_expired = busy_expired.load(Ordering::Relaxed);
     let mut notes = vec![format!(

@@ -147,6 +147,28 @@ impl Common {
         }
     }
 
+    /// Pins producer thread `producer` to core `producer % cores` (when pinning is
+    /// on), so that producers on different cores contend as they would in a real
+    /// server, run after run, instead of sometimes sharing a core by chance.
+    pub(crate) fn pin_producer(&self, producer: usize) {
+        if !self.pin {
+            return;
+        }
+        if let Some(cores) = core_affinity::get_core_ids() {
+            if !cores.is_empty() {
+                let _ = core_affinity::set_for_current(cores[producer % cores.len()]);
+            }
+        }
+    }
+
+    /// Producer `producer`'s contiguous share of `0..total`. Contiguous, so that
+    /// producers never write neighbouring per-timer slots (false sharing would
+    /// measure the driver, not the timer).
+    pub(crate) fn share(&self, producer: usize, total: usize) -> std::ops::Range<usize> {
+        let per = total.div_ceil(self.producers);
+        (producer * per).min(total)..((producer + 1) * per).min(total)
+    }
+
     /// `seconds` of workload time, compressed by the time scale.
     pub(crate) fn scaled(&self, seconds: f64) -> Duration {
         Duration::from_secs_f64(seconds / self.time_scale)

@@ -11,7 +11,10 @@ use crate::report::NOT_FIRED;
 /// Marks a slot whose timer was cancelled (`cancel` returned `true`).
 pub(crate) const CANCELLED: u32 = u32::MAX - 1;
 
-/// One slot per timer: its lateness in µs once fired, or a marker.
+/// One slot per timer: its lateness in µs once fired, or a marker. There is no shared
+/// "fired" counter: workloads wait on the service's `stats().fired` and then on
+/// `shutdown()`, which returns after every handed-over callback has finished, so a
+/// contended counter does not slow the callbacks being measured.
 ///
 /// Shared by every callback of a workload as a `&'static`: the driver is a one-shot
 /// process, and leaking one tracker per workload keeps a contended reference count
@@ -24,8 +27,6 @@ pub(crate) struct Tracker {
     pub(crate) early: AtomicU64,
     /// Callbacks that ran twice, or after a cancel that returned `true`.
     pub(crate) duplicated: AtomicU64,
-    /// Callbacks run so far.
-    pub(crate) fired: AtomicU64,
     /// A common reference instant (workloads that compute deadlines from it).
     pub(crate) base: Instant,
     /// A common span (the `delayed` horizon), so callbacks need not capture it.
@@ -43,7 +44,6 @@ impl Tracker {
             slots: (0..timers).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
             early: AtomicU64::new(0),
             duplicated: AtomicU64::new(0),
-            fired: AtomicU64::new(0),
             base,
             span,
         }))
@@ -63,8 +63,6 @@ impl Tracker {
             // ORDERING: Relaxed, as above.
             self.duplicated.fetch_add(1, Ordering::Relaxed);
         }
-        // ORDERING: Relaxed, as above.
-        self.fired.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Called by a producer after `cancel` returned `true` for timer `index`.
@@ -76,12 +74,6 @@ impl Tracker {
             // ORDERING: Relaxed, as above.
             self.duplicated.fetch_add(1, Ordering::Relaxed);
         }
-    }
-
-    /// Callbacks run so far.
-    pub(crate) fn fired(&self) -> u64 {
-        // ORDERING: Relaxed: polled; exact once quiet.
-        self.fired.load(Ordering::Relaxed)
     }
 
     /// Early and duplicated counts.
