@@ -78,6 +78,12 @@ impl Backoff {
     pub(crate) fn snooze(&self) {
         loom::thread::yield_now();
     }
+    /// Under loom a backoff is complete at once: waiting is the model's business.
+    pub(crate) fn is_completed(&self) -> bool {
+        true
+    }
+    /// Nothing to reset.
+    pub(crate) fn reset(&self) {}
 }
 
 /// `UnsafeCell` with loom's closure API in both builds, so that every access to the
