@@ -39,8 +39,9 @@ use crate::wheel::{Place, Store};
 
 mod state;
 
+pub(crate) use state::Fire;
 use state::StateWord;
-pub(crate) use state::{Cancel, File, Fire, Snapshot};
+pub use state::{Cancel, File, Snapshot};
 
 /// The place of an entry the shard has expired while it was cancelled: out of the
 /// wheel, awaiting its cancel message (ground rule 4).
@@ -68,6 +69,9 @@ pub(crate) struct Header {
     deadline: u64,
     /// Where the entry sits in its shard's wheel. Shard thread only (ground rule 3).
     place: UnsafeCell<Place>,
+    /// Under loom, reports the entry as leaked if it is never freed.
+    #[cfg(loom)]
+    track: loom::alloc::Track<()>,
 }
 
 /// Functions over the concrete `Entry<F>` behind a `Header`.
@@ -138,7 +142,7 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
 }
 
 /// One counted reference to an entry (ground rule 1).
-pub(crate) struct EntryRef(NonNull<Header>);
+pub struct EntryRef(NonNull<Header>);
 
 // SAFETY: the header's shared fields are atomics or immutable; the callback cell and
 // `place` are reached only under ground rules 2 and 3, which hand them to exactly one
@@ -149,7 +153,7 @@ unsafe impl Sync for EntryRef {}
 
 impl EntryRef {
     /// Allocates an entry with two references: one for the handle, one for the service.
-    pub(crate) fn new<F: FnOnce() + Send + 'static>(
+    pub fn new<F: FnOnce() + Send + 'static>(
         id: TimerId,
         deadline: u64,
         callback: F,
@@ -162,6 +166,8 @@ impl EntryRef {
                 id,
                 deadline,
                 place: UnsafeCell::new(Place::default()),
+                #[cfg(loom)]
+                track: loom::alloc::Track::new(()),
             },
             callback: UnsafeCell::new(MaybeUninit::new(callback)),
         });
@@ -176,22 +182,22 @@ impl EntryRef {
     }
 
     /// The timer's id.
-    pub(crate) fn id(&self) -> TimerId {
+    pub fn id(&self) -> TimerId {
         self.header().id
     }
 
     /// The deadline tick.
-    pub(crate) fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> u64 {
         self.header().deadline
     }
 
     /// The current state.
-    pub(crate) fn state(&self) -> TimerState {
+    pub fn state(&self) -> TimerState {
         self.header().state.load().state()
     }
 
     /// Gives up this reference into a [`RawEntry`] that carries it.
-    pub(crate) fn into_raw(self) -> RawEntry {
+    pub fn into_raw(self) -> RawEntry {
         let raw = RawEntry(self.0);
         core::mem::forget(self);
         raw
@@ -203,12 +209,16 @@ impl EntryRef {
     ///
     /// - `raw` came from [`EntryRef::into_raw`], and
     /// - its reference has not been claimed yet; it is claimed now.
-    pub(crate) unsafe fn from_raw(raw: RawEntry) -> EntryRef {
+    pub unsafe fn from_raw(raw: RawEntry) -> EntryRef {
         EntryRef(raw.0)
     }
 
     /// The shard's Pending → Fired; on success the returned task owns the callback.
-    pub(crate) fn try_fire(self) -> Result<FiredEntry, EntryRef> {
+    ///
+    /// # Errors
+    ///
+    /// The reference comes back if a cancel won first.
+    pub fn try_fire(self) -> Result<FiredEntry, EntryRef> {
         match self.header().state.try_fire() {
             Fire::Won => Ok(FiredEntry {
                 entry: self,
@@ -219,7 +229,7 @@ impl EntryRef {
     }
 
     /// Pending → Cancelled; the winner drops the callback before returning.
-    pub(crate) fn try_cancel(&self) -> Cancel {
+    pub fn try_cancel(&self) -> Cancel {
         let outcome = self.header().state.try_cancel();
         if let Cancel::Won { .. } = outcome {
             // SAFETY: the entry is live (we own a reference) and we won Pending →
@@ -231,7 +241,7 @@ impl EntryRef {
 
     /// Cancels, and if the entry was filed, tells its shard through `port`.
     /// Returns whether this call won.
-    pub(crate) fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> bool {
+    pub fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> bool {
         match self.try_cancel() {
             Cancel::Won { filed } => {
                 if filed {
@@ -248,18 +258,18 @@ impl EntryRef {
     }
 
     /// The shard marks the entry as filed; see [`File`].
-    pub(crate) fn mark_filed(&self) -> File {
+    pub fn mark_filed(&self) -> File {
         self.header().state.mark_filed()
     }
 
     /// The shard hands the entry back at shutdown; see `StateWord::detach`.
-    pub(crate) fn detach(&self) -> Snapshot {
+    pub fn detach(&self) -> Snapshot {
         self.header().state.detach()
     }
 
     /// An `Unfired` dropped without running: Pending → Cancelled, dropping the
     /// callback.
-    pub(crate) fn cancel_detached(&self) -> bool {
+    pub fn cancel_detached(&self) -> bool {
         let outcome = self.header().state.try_cancel_detached();
         if let Cancel::Won { filed } = outcome {
             debug_assert!(!filed, "a detached entry is never filed");
@@ -319,14 +329,14 @@ impl core::fmt::Debug for EntryRef {
 /// ring, in a shard's wheel, or in a cancel message (ground rules 1 and 4). `Copy` so
 /// the wheel can move it around; claimed once with [`EntryRef::from_raw`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct RawEntry(NonNull<Header>);
+pub struct RawEntry(NonNull<Header>);
 
 // SAFETY: a `RawEntry` is only a token that moves a reference between threads; the
 // reference itself is `Send` (see `EntryRef`).
 unsafe impl Send for RawEntry {}
 
 /// An entry whose Pending → Fired this thread won: it owns the callback.
-pub(crate) struct FiredEntry {
+pub struct FiredEntry {
     /// The reference the shard held.
     entry: EntryRef,
     /// Whether the callback has been moved out to run.
@@ -336,7 +346,7 @@ pub(crate) struct FiredEntry {
 impl FiredEntry {
     /// Runs the callback on this thread. A panic propagates; the reference is released
     /// either way.
-    pub(crate) fn run(mut self) {
+    pub fn run(mut self) {
         self.taken = true;
         let header = self.entry.0;
         // SAFETY: the entry is live (we hold a reference) and we won Pending → Fired
@@ -348,7 +358,7 @@ impl FiredEntry {
 impl FiredEntry {
     /// Reads the entry's header with a plain load, so that a worker touching a whole
     /// batch first overlaps the batch's cache misses.
-    pub(crate) fn touch(&self) {
+    pub fn touch(&self) {
         core::hint::black_box(self.entry.header().deadline);
     }
 }
@@ -374,19 +384,19 @@ impl core::fmt::Debug for FiredEntry {
 
 /// The shard's side of a cancel: receives the message of a winning canceller whose
 /// entry was filed.
-pub(crate) trait CancelSink: Sync {
+pub trait CancelSink: Sync {
     /// Delivers the message; must not lose it (ground rule 4).
     fn send_cancel(&self, entry: RawEntry);
 }
 
 /// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only under
 /// ground rule 4, so it needs no reference count of its own.
-pub(crate) struct CancelPort<S>(NonNull<S>);
+pub struct CancelPort<S>(NonNull<S>);
 
 impl<S> CancelPort<S> {
     /// A port to `sink`. The sink must stay at this address until it has received every
     /// message of the entries it filed (the shard guarantees this before exiting).
-    pub(crate) fn new(sink: &S) -> Self {
+    pub fn new(sink: &S) -> Self {
         CancelPort(NonNull::from(sink))
     }
 }
@@ -413,7 +423,7 @@ impl<S> core::fmt::Debug for CancelPort<S> {
 /// The store of a shard's wheel. Called once per shard thread, which then upholds
 /// [`ShardStore::new`]'s obligations: it passes the store only `RawEntry`s made by
 /// [`ShardStore::release`] or popped from its cancel ring, and claims each once.
-pub(crate) fn shard_store() -> ShardStore {
+pub fn shard_store() -> ShardStore {
     // SAFETY: the shard loop (`shard.rs`) is the only caller; it keeps the store on
     // its own thread and claims each reference once (see its ground rules).
     unsafe { ShardStore::new() }
@@ -422,7 +432,7 @@ pub(crate) fn shard_store() -> ShardStore {
 /// The wheel's view of entries in a shard: deadlines and places read through the
 /// entry pointers themselves.
 #[derive(Debug)]
-pub(crate) struct ShardStore(());
+pub struct ShardStore(());
 
 impl ShardStore {
     /// A store for one shard's wheel.
@@ -434,7 +444,7 @@ impl ShardStore {
     ///   most once, after which it is not passed to the store again; and
     /// - the store is used only by the shard thread that holds those references
     ///   (ground rule 3).
-    pub(crate) unsafe fn new() -> Self {
+    pub unsafe fn new() -> Self {
         ShardStore(())
     }
 
@@ -446,24 +456,24 @@ impl ShardStore {
     }
 
     /// Marks an entry that left the wheel while cancelled (ground rule 4).
-    pub(crate) fn set_awaiting_cancel(&mut self, entry: RawEntry) {
+    pub fn set_awaiting_cancel(&mut self, entry: RawEntry) {
         self.set_place(entry, AWAITING_CANCEL);
     }
 
     /// Whether the entry is out of the wheel, awaiting its cancel message.
-    pub(crate) fn is_awaiting_cancel(&self, entry: RawEntry) -> bool {
+    pub fn is_awaiting_cancel(&self, entry: RawEntry) -> bool {
         self.place(entry) == AWAITING_CANCEL
     }
 
     /// Gives the shard's reference to the wheel as a [`RawEntry`].
-    pub(crate) fn release(&mut self, entry: EntryRef) -> RawEntry {
+    pub fn release(&mut self, entry: EntryRef) -> RawEntry {
         entry.into_raw()
     }
 
     /// Claims the reference a [`RawEntry`] from this shard's wheel or cancel ring
     /// carries. Each reference is claimed once: a `RawEntry` handed back by the wheel,
     /// or popped from the cancel ring, is claimed exactly once by the shard loop.
-    pub(crate) fn claim(&mut self, entry: RawEntry) -> EntryRef {
+    pub fn claim(&mut self, entry: RawEntry) -> EntryRef {
         // SAFETY: `ShardStore::new`'s first point: `entry` carries an unclaimed
         // reference, made by `release` (or, for a cancel message, the wheel's
         // reference, ground rule 4); the shard loop claims it once.
@@ -602,6 +612,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(loom))]
     fn header_is_40_bytes() {
         assert_eq!(core::mem::size_of::<super::Header>(), 40);
     }

@@ -36,7 +36,7 @@ type Started<T> = (Executor<T>, Vec<thread::JoinHandle<()>>);
 type SpawnFailure = (String, std::io::Error);
 
 /// A unit of work the pool runs.
-pub(crate) trait Task: Send + 'static {
+pub trait Task: Send + 'static {
     /// Runs the task; it may panic.
     fn run(self);
 
@@ -47,7 +47,7 @@ pub(crate) trait Task: Send + 'static {
 }
 
 /// The submit side of the pool; cheap to clone.
-pub(crate) struct Executor<T> {
+pub struct Executor<T> {
     /// State shared with the workers.
     shared: Arc<Shared<T>>,
 }
@@ -72,10 +72,17 @@ struct Shared<T> {
     panicked: Box<[CachePadded<AtomicU64>]>,
 }
 
-thread_local! {
+#[cfg(not(loom))]
+std::thread_local! {
     /// Address of the pool whose worker this thread is (0 if none), so that a
     /// shutdown started from a callback does not join its own thread.
     static CURRENT_POOL: core::cell::Cell<usize> = const { core::cell::Cell::new(0) };
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above, per model thread.
+    static CURRENT_POOL: core::cell::Cell<usize> = core::cell::Cell::new(0);
 }
 
 impl<T: Task> Executor<T> {
@@ -85,7 +92,7 @@ impl<T: Task> Executor<T> {
     ///
     /// The name of the thread that failed to spawn and the OS error; workers started
     /// before it are stopped and joined first.
-    pub(crate) fn start(threads: usize, name: &str) -> Result<Started<T>, SpawnFailure> {
+    pub fn start(threads: usize, name: &str) -> Result<Started<T>, SpawnFailure> {
         let workers: Vec<Worker<Vec<T>>> = (0..threads).map(|_| Worker::new_fifo()).collect();
         let shared = Arc::new(Shared {
             injector: Injector::new(),
@@ -121,7 +128,7 @@ impl<T: Task> Executor<T> {
     }
 
     /// Hands a batch of tasks to the pool. Never blocks on running tasks.
-    pub(crate) fn submit(&self, batch: Vec<T>) {
+    pub fn submit(&self, batch: Vec<T>) {
         if batch.is_empty() {
             return;
         }
@@ -145,7 +152,7 @@ impl<T: Task> Executor<T> {
 
 impl<T> Executor<T> {
     /// Tells the workers to exit once the queues are empty, and wakes them all.
-    pub(crate) fn stop(&self) {
+    pub fn stop(&self) {
         // ORDERING: SeqCst store, read under `sleep_lock` by workers before they wait;
         // the lock orders it against their re-check.
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -158,13 +165,13 @@ impl<T> Executor<T> {
     }
 
     /// Whether the calling thread is one of this pool's workers.
-    pub(crate) fn is_current_worker(&self) -> bool {
+    pub fn is_current_worker(&self) -> bool {
         let address = Arc::as_ptr(&self.shared) as *const () as usize;
         CURRENT_POOL.with(|pool| pool.get() == address)
     }
 
     /// Tasks that panicked so far (exact at quiescence).
-    pub(crate) fn panicked(&self) -> u64 {
+    pub fn panicked(&self) -> u64 {
         self.shared
             .panicked
             .iter()

@@ -21,9 +21,16 @@ const SEQUENCE_MASK: u64 = (1 << SEQUENCE_BITS) - 1;
 /// hot path.
 static NEXT_PREFIX: AtomicU64 = AtomicU64::new(1);
 
-thread_local! {
+#[cfg(not(loom))]
+std::thread_local! {
     /// The last id this thread handed out (0: none yet).
     static LAST_ID: Cell<u64> = const { Cell::new(0) };
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// The last id this model thread handed out (0: none yet).
+    static LAST_ID: Cell<u64> = Cell::new(0);
 }
 
 /// The state of a timer. See the crate docs for the transitions.

@@ -83,16 +83,64 @@
 // a plain pointer to its shard's cancel ring.
 
 mod clock;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod entry;
 mod error;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod executor;
 mod handle;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod ring;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod shard;
 mod sync;
 mod timer;
 pub mod wheel;
 
 pub use error::{BuildError, ScheduleError};
+
+/// What the loom models in `loom-tests/` drive: the ring, the entry state machine,
+/// a shard's rings and park handshake, and the executor. Compiled only under
+/// `--cfg loom`; not public API.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod __loom {
+    pub use crate::entry::{
+        shard_store, Cancel, CancelPort, CancelSink, EntryRef, File, FiredEntry, RawEntry,
+        ShardStore, Snapshot,
+    };
+    pub use crate::executor::{Executor, Task};
+    pub use crate::ring::{Cursor, CursorSeed, PushError, Ring};
+    pub use crate::shard::{Cursors, ShardShared, AWAKE, NEVER};
+
+    /// A fresh timer id (the models need one per entry).
+    pub fn next_id() -> crate::TimerId {
+        crate::TimerId::next()
+    }
+}
 pub use handle::{TimerHandle, TimerId, TimerState, Unfired};
 pub use timer::{Builder, ShardedTimer, Stats};

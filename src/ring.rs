@@ -45,7 +45,7 @@ struct Slot<T> {
 }
 
 /// A bounded MPSC ring of `T`.
-pub(crate) struct Ring<T> {
+pub struct Ring<T> {
     /// `(next position to reserve << 1) | CLOSED`. Written by producers' CAS and by
     /// `close`; read by producers and by the consumer to see reservations.
     tail: CachePadded<AtomicUsize>,
@@ -57,7 +57,7 @@ pub(crate) struct Ring<T> {
 
 /// The consumer's token and head position; exactly one per ring.
 #[derive(Debug)]
-pub(crate) struct Cursor {
+pub struct Cursor {
     /// Next position to pop.
     head: usize,
     /// Address of the ring this cursor belongs to (checked in debug builds).
@@ -66,7 +66,7 @@ pub(crate) struct Cursor {
 
 /// Why a push failed; the value comes back.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum PushError<T> {
+pub enum PushError<T> {
     /// Every slot holds an unconsumed value.
     Full(T),
     /// The ring was closed.
@@ -79,7 +79,7 @@ impl<T> Ring<T> {
     /// # Panics
     ///
     /// If `capacity` is not a power of two of at least 2 (the builder checks first).
-    pub(crate) fn new(capacity: usize) -> (Self, CursorSeed) {
+    pub fn new(capacity: usize) -> (Self, CursorSeed) {
         assert!(
             capacity >= 2 && capacity.is_power_of_two(),
             "ring capacity invariant: a power of two >= 2, got {capacity}"
@@ -99,7 +99,7 @@ impl<T> Ring<T> {
     }
 
     /// The number of slots.
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.mask + 1
     }
 
@@ -109,7 +109,7 @@ impl<T> Ring<T> {
     ///
     /// [`PushError::Full`] if every slot holds an unconsumed value, and
     /// [`PushError::Closed`] after [`close`](Ring::close); the value comes back.
-    pub(crate) fn push(&self, value: T) -> Result<usize, PushError<T>> {
+    pub fn push(&self, value: T) -> Result<usize, PushError<T>> {
         // ORDERING: Relaxed: the tail is only a guess here; the stamp check and the
         // CAS below validate it.
         let mut tail = self.tail.load(Ordering::Relaxed);
@@ -124,17 +124,16 @@ impl<T> Ring<T> {
             let stamp = slot.stamp.load(Ordering::Acquire);
             let lag = stamp.wrapping_sub(position) as isize;
             if lag == 0 {
-                // ORDERING: success SeqCst: this reservation is the store half of the
-                // park handshake in `shard.rs`: it and the producer's later SeqCst load
-                // of the shard's next wake-up, against the shard's SeqCst store of that
-                // wake-up and SeqCst load of `tail` in `has_pending`, form a
-                // store→load pair on each side, which needs one total order (Acquire/
-                // Release cannot forbid both loads missing both stores). Failure
-                // Relaxed: we retry with the fresh value.
+                // ORDERING: success Relaxed, as in Vyukov's queue: the reservation
+                // publishes nothing (the value is published by the stamp's Release
+                // store below, and the previous lap's read was ordered by the Acquire
+                // stamp load above); the RMW alone makes reservations unique. The park
+                // handshake in `shard.rs` orders this store against the shard with a
+                // SeqCst fence after `push` returns. Failure Relaxed: we retry.
                 match self.tail.compare_exchange_weak(
                     tail,
                     tail + (1 << POSITION_SHIFT),
-                    Ordering::SeqCst,
+                    Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {
@@ -171,16 +170,16 @@ impl<T> Ring<T> {
     /// Closes the ring: every later push fails with [`PushError::Closed`]. Returns the
     /// number of positions reserved before the close, so the consumer can drain
     /// exactly those. Idempotent.
-    pub(crate) fn close(&self) -> usize {
-        // ORDERING: SeqCst, as a store of `tail` taking part in the same total order
-        // as the producers' reservations; the RMW itself makes close atomic with
-        // respect to every reservation.
-        self.tail.fetch_or(CLOSED, Ordering::SeqCst) >> POSITION_SHIFT
+    pub fn close(&self) -> usize {
+        // ORDERING: Relaxed: the RMW alone makes close atomic with respect to every
+        // reservation (each CAS expects the bit clear); the values reserved before it
+        // are then read through their stamps (Acquire) in `drain_closed`.
+        self.tail.fetch_or(CLOSED, Ordering::Relaxed) >> POSITION_SHIFT
     }
 
     /// Pops the oldest published value, or `None` if the next position is not yet
     /// published (empty, or reserved by a producer that has not written yet).
-    pub(crate) fn pop(&self, cursor: &mut Cursor) -> Option<T> {
+    pub fn pop(&self, cursor: &mut Cursor) -> Option<T> {
         debug_assert_eq!(
             cursor.ring, self as *const Self as usize,
             "a cursor pops only its own ring; another ring's would be undefined behaviour"
@@ -206,20 +205,16 @@ impl<T> Ring<T> {
 
     /// Whether any position has been reserved that the cursor has not popped: a value
     /// is published or about to be. The load half of the park handshake.
-    pub(crate) fn has_pending(&self, cursor: &Cursor) -> bool {
-        // ORDERING: SeqCst: the shard's load after its SeqCst store of its next
-        // wake-up; see the CAS in `push` for the argument.
-        (self.tail.load(Ordering::SeqCst) >> POSITION_SHIFT) != cursor.head
+    pub fn has_pending(&self, cursor: &Cursor) -> bool {
+        // ORDERING: Relaxed: the caller orders this load after its own store with a
+        // SeqCst fence (`ShardShared::prepare_park`), which pairs with the producer's
+        // fence after its reservation; see the ground rules of `shard.rs`.
+        (self.tail.load(Ordering::Relaxed) >> POSITION_SHIFT) != cursor.head
     }
 
     /// After [`close`](Ring::close) returned `reserved`, pops every value reserved
     /// before the close, waiting for producers that reserved but have not yet written.
-    pub(crate) fn drain_closed(
-        &self,
-        cursor: &mut Cursor,
-        reserved: usize,
-        each: &mut impl FnMut(T),
-    ) {
+    pub fn drain_closed(&self, cursor: &mut Cursor, reserved: usize, each: &mut impl FnMut(T)) {
         while cursor.head != reserved {
             match self.pop(cursor) {
                 Some(value) => each(value),
@@ -250,11 +245,11 @@ impl<T> Drop for Ring<T> {
 
 /// The right to make the ring's one [`Cursor`].
 #[derive(Debug)]
-pub(crate) struct CursorSeed(());
+pub struct CursorSeed(());
 
 impl CursorSeed {
     /// The cursor of `ring` (the ring's final address).
-    pub(crate) fn cursor<T>(self, ring: &Ring<T>) -> Cursor {
+    pub fn cursor<T>(self, ring: &Ring<T>) -> Cursor {
         Cursor {
             head: 0,
             ring: ring as *const Ring<T> as usize,

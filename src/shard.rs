@@ -6,13 +6,16 @@
 //!
 //! - The wheel, the [`ShardStore`] and both ring cursors belong to the shard thread.
 //! - **Park handshake.** Before parking, the shard publishes the tick it will sleep
-//!   until in `next_wake` (SeqCst), then re-checks both rings (SeqCst load of their
-//!   tails). A producer reserves its ring slot (SeqCst CAS), then reads `next_wake`
-//!   (SeqCst) and unparks the shard if its deadline is earlier. In the single total
-//!   order of those four operations, either the shard's re-check sees the
-//!   reservation (and does not park) or the producer's read sees the published tick
-//!   (and unparks, which makes a later `park` return at once). No wakeup is lost.
-//!   While awake the shard publishes [`AWAKE`], so producers do not unpark it.
+//!   until in `next_wake`, issues a SeqCst fence, and re-checks both rings' tails. A
+//!   producer reserves its ring slot, issues a SeqCst fence, then reads `next_wake`
+//!   and unparks the shard if its deadline is earlier. The two fences are ordered in
+//!   the single SeqCst order: if the shard's comes first, the producer's read sees
+//!   the published tick (and unparks, which makes a later `park` return at once); if
+//!   the producer's comes first, the shard's re-check sees the reservation (and does
+//!   not park). No wakeup is lost. Fences rather than SeqCst accesses because this is
+//!   the form loom can check (it treats SeqCst accesses as AcqRel), modelled in
+//!   `loom-tests/tests/park.rs`. While awake the shard publishes [`AWAKE`], so
+//!   producers do not unpark it.
 //! - **Shutdown.** The shard closes its insert ring and drains it, empties its wheel
 //!   (clearing `FILED` on each entry), then drains its cancel ring until every
 //!   outstanding cancel message has arrived (entry ground rule 4). Pending timers come
@@ -28,14 +31,15 @@ use crate::executor::{Executor, Task};
 use crate::handle::TimerState;
 use crate::ring::{Cursor, PushError, Ring};
 use crate::sync::{
-    thread, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering, ThreadSlot,
+    fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering,
+    ThreadSlot,
 };
 use crate::wheel::Wheel;
 
 /// `next_wake` while the shard is running: no producer needs to wake it.
-pub(crate) const AWAKE: u64 = 0;
+pub const AWAKE: u64 = 0;
 /// `next_wake` while the shard sleeps with nothing due: any deadline is earlier.
-pub(crate) const NEVER: u64 = u64::MAX;
+pub const NEVER: u64 = u64::MAX;
 /// Fired tasks handed to the executor per batch.
 const FIRE_BATCH: usize = 256;
 /// Due entries gathered before their state CASes. Gathering reads each entry's
@@ -57,13 +61,13 @@ impl Task for FiredEntry {
 /// The counters one shard keeps; written only by the shard thread (Relaxed), summed
 /// on read, exact at quiescence.
 #[derive(Debug, Default)]
-pub(crate) struct ShardStats {
+pub struct ShardStats {
     /// Timers taken from the insert ring.
-    pub(crate) scheduled: AtomicU64,
+    pub scheduled: AtomicU64,
     /// Timers that won Pending → Fired.
-    pub(crate) fired: AtomicU64,
+    pub fired: AtomicU64,
     /// Cancelled timers the shard has discarded or unlinked.
-    pub(crate) cancelled: AtomicU64,
+    pub cancelled: AtomicU64,
 }
 
 impl ShardStats {
@@ -121,51 +125,54 @@ impl PendingLimit {
 
 /// What producers, cancellers and the façade share with one shard thread.
 #[derive(Debug)]
-pub(crate) struct ShardShared {
+pub struct ShardShared {
     /// New timers, carrying the service reference (entry ground rule 1).
     insert: Ring<EntryRef>,
     /// Cancel messages (entry ground rule 4).
     cancel: Ring<RawEntry>,
     /// The tick the shard sleeps until: [`AWAKE`] while running, [`NEVER`] when idle.
-    /// Written by the shard (SeqCst before parking, Relaxed on waking); read by
-    /// producers (SeqCst) after pushing.
+    /// Written by the shard (before its fence when parking; on waking); read by
+    /// producers after their fence. Relaxed accesses: the fences order them.
     next_wake: CachePadded<AtomicU64>,
     /// Set by shutdown; the shard then shuts down instead of parking.
     stop: AtomicBool,
     /// The shard thread, to unpark.
     thread: ThreadSlot,
     /// Counters written by the shard thread.
-    pub(crate) stats: CachePadded<ShardStats>,
+    pub stats: CachePadded<ShardStats>,
 }
 
 /// The shard thread's own state.
 #[derive(Debug)]
 pub(crate) struct ShardThread {
     /// Shared with producers.
-    shared: crate::sync::Arc<ShardShared>,
-    /// The insert ring's consumer cursor.
-    insert_cursor: Cursor,
-    /// The cancel ring's consumer cursor.
-    cancel_cursor: Cursor,
+    shared: Arc<ShardShared>,
+    /// The rings' consumer cursors.
+    cursors: Cursors,
     /// Ticks ↔ instants.
     clock: Clock,
     /// Where fired timers go.
     executor: Executor<FiredEntry>,
     /// Room freed on fire, when the service has a limit.
-    limit: Option<crate::sync::Arc<PendingLimit>>,
+    limit: Option<Arc<PendingLimit>>,
+}
+
+/// The consumer cursors of a shard's two rings; they belong to the shard thread.
+#[derive(Debug)]
+pub struct Cursors {
+    /// The insert ring's cursor.
+    insert: Cursor,
+    /// The cancel ring's cursor.
+    cancel: Cursor,
 }
 
 impl ShardShared {
-    /// A shard with rings of `ring_capacity` slots, and its thread state.
-    pub(crate) fn new(
-        ring_capacity: usize,
-        clock: Clock,
-        executor: Executor<FiredEntry>,
-        limit: Option<crate::sync::Arc<PendingLimit>>,
-    ) -> (crate::sync::Arc<ShardShared>, ShardThread) {
+    /// A shard's shared half, with rings of `ring_capacity` slots, and the cursors
+    /// that only its thread may use.
+    pub fn new(ring_capacity: usize) -> (Arc<ShardShared>, Cursors) {
         let (insert, insert_seed) = Ring::new(ring_capacity);
         let (cancel, cancel_seed) = Ring::new(ring_capacity);
-        let shared = crate::sync::Arc::new(ShardShared {
+        let shared = Arc::new(ShardShared {
             insert,
             cancel,
             next_wake: CachePadded::new(AtomicU64::new(AWAKE)),
@@ -173,21 +180,53 @@ impl ShardShared {
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
         });
-        let insert_cursor = insert_seed.cursor(&shared.insert);
-        let cancel_cursor = cancel_seed.cursor(&shared.cancel);
-        let thread = ShardThread {
-            shared: shared.clone(),
-            insert_cursor,
-            cancel_cursor,
-            clock,
-            executor,
-            limit,
+        let cursors = Cursors {
+            insert: insert_seed.cursor(&shared.insert),
+            cancel: cancel_seed.cursor(&shared.cancel),
         };
-        (shared, thread)
+        (shared, cursors)
+    }
+
+    /// The store half of the park handshake (ground rules): publishes that the shard
+    /// will sleep until tick `wake` ([`NEVER`] for no timer), then re-checks both
+    /// rings and the stop flag. Returns whether the shard may park; if not, it has
+    /// already published [`AWAKE`] again. Shard thread only.
+    pub fn prepare_park(&self, cursors: &Cursors, wake: u64) -> bool {
+        // ORDERING: Relaxed store, then a SeqCst fence before re-checking the rings:
+        // the shard's half of the park handshake (ground rules), pairing with the
+        // fence after a producer's push.
+        self.next_wake.store(wake, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let work_arrived =
+            self.insert.has_pending(&cursors.insert) || self.cancel.has_pending(&cursors.cancel);
+        // ORDERING: Acquire pairs with `request_stop`'s Release store.
+        if work_arrived || self.stop.load(Ordering::Acquire) {
+            self.wake_up();
+            return false;
+        }
+        true
+    }
+
+    /// Publishes that the shard is awake again. Shard thread only.
+    pub fn wake_up(&self) {
+        // ORDERING: Relaxed: a stale value only makes a producer unpark needlessly.
+        self.next_wake.store(AWAKE, Ordering::Relaxed);
+    }
+
+    /// Pops one new timer (the loom models' shard side). Shard thread only.
+    #[cfg(loom)]
+    pub fn pop_insert(&self, cursors: &mut Cursors) -> Option<EntryRef> {
+        self.insert.pop(&mut cursors.insert)
+    }
+
+    /// Pops one cancel message (the loom models' shard side). Shard thread only.
+    #[cfg(loom)]
+    pub fn pop_cancel(&self, cursors: &mut Cursors) -> Option<RawEntry> {
+        self.cancel.pop(&mut cursors.cancel)
     }
 
     /// Records the shard's thread so producers can unpark it.
-    pub(crate) fn set_thread(&self, handle: thread::Thread) {
+    pub fn set_thread(&self, handle: thread::Thread) {
         self.thread.set(handle);
     }
 
@@ -197,15 +236,19 @@ impl ShardShared {
     /// # Errors
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
-    pub(crate) fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
+    pub fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
         let backoff = Backoff::new();
         let mut entry = entry;
         loop {
             match self.insert.push(entry) {
                 Ok(position) => {
-                    // ORDERING: SeqCst: the load half of the park handshake (ground
-                    // rules); the store half was the SeqCst CAS inside `push`.
-                    let wake = self.next_wake.load(Ordering::SeqCst);
+                    // ORDERING: the producer's half of the park handshake (ground
+                    // rules): this SeqCst fence, between our reservation in `push` and
+                    // our read of `next_wake`, pairs with the fence in `prepare_park`;
+                    // the read itself can then be Relaxed.
+                    fence(Ordering::SeqCst);
+                    // ORDERING: Relaxed: ordered by the fence above.
+                    let wake = self.next_wake.load(Ordering::Relaxed);
                     if deadline < wake || self.is_filling(position) {
                         self.thread.unpark();
                     }
@@ -230,12 +273,12 @@ impl ShardShared {
     }
 
     /// Wakes the shard so it drains its rings (used by `stats`).
-    pub(crate) fn nudge(&self) {
+    pub fn nudge(&self) {
         self.thread.unpark();
     }
 
     /// Asks the shard to shut down and wakes it.
-    pub(crate) fn request_stop(&self) {
+    pub fn request_stop(&self) {
         // ORDERING: Release pairs with the shard's Acquire load in its loop; the
         // unpark below makes a park after that load return at once, so no handshake
         // beyond the park token is needed.
@@ -251,11 +294,14 @@ impl CancelSink for ShardShared {
         loop {
             match self.cancel.push(entry) {
                 Ok(position) => {
-                    // ORDERING: SeqCst, as in `push_insert`. An idle shard (nothing in
-                    // its wheel) is woken so the cancel is processed and counted now;
-                    // a busy one processes it at its next wake-up, at the latest
-                    // after half a ring of messages.
-                    let wake = self.next_wake.load(Ordering::SeqCst);
+                    // ORDERING: as in `push_insert`: the fence orders our push before
+                    // our read of `next_wake`, against `prepare_park`'s fence. An idle
+                    // shard (nothing in its wheel) is woken so the cancel is processed
+                    // and counted now; a busy one processes it at its next wake-up, at
+                    // the latest after half a ring of messages.
+                    fence(Ordering::SeqCst);
+                    // ORDERING: Relaxed: ordered by the fence above.
+                    let wake = self.next_wake.load(Ordering::Relaxed);
                     if wake == NEVER || self.is_filling(position) {
                         self.thread.unpark();
                     }
@@ -275,6 +321,23 @@ impl CancelSink for ShardShared {
 }
 
 impl ShardThread {
+    /// The thread half of a shard.
+    pub(crate) fn new(
+        shared: Arc<ShardShared>,
+        cursors: Cursors,
+        clock: Clock,
+        executor: Executor<FiredEntry>,
+        limit: Option<Arc<PendingLimit>>,
+    ) -> Self {
+        ShardThread {
+            shared,
+            cursors,
+            clock,
+            executor,
+            limit,
+        }
+    }
+
     /// The shard loop. Returns the timers still pending at shutdown.
     pub(crate) fn run(mut self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
         #[cfg(not(loom))]
@@ -352,7 +415,7 @@ impl ShardThread {
     fn drain_inserts(&mut self, wheel: &mut Wheel<RawEntry>, store: &mut ShardStore) {
         let mut drained = 0u64;
         while drained < self.shared.insert.capacity() as u64 {
-            let Some(entry) = self.shared.insert.pop(&mut self.insert_cursor) else {
+            let Some(entry) = self.shared.insert.pop(&mut self.cursors.insert) else {
                 break;
             };
             drained += 1;
@@ -379,7 +442,7 @@ impl ShardThread {
     ) -> usize {
         let mut drained = 0;
         while drained < self.shared.cancel.capacity() {
-            let Some(raw) = self.shared.cancel.pop(&mut self.cancel_cursor) else {
+            let Some(raw) = self.shared.cancel.pop(&mut self.cursors.cancel) else {
                 break;
             };
             drained += 1;
@@ -401,12 +464,7 @@ impl ShardThread {
         if wake <= now {
             return;
         }
-        // ORDERING: SeqCst: the store half of the park handshake (ground rules).
-        self.shared.next_wake.store(wake, Ordering::SeqCst);
-        let work_arrived = self.shared.insert.has_pending(&self.insert_cursor)
-            || self.shared.cancel.has_pending(&self.cancel_cursor);
-        // ORDERING: Acquire pairs with `request_stop`'s Release store.
-        if !work_arrived && !self.shared.stop.load(Ordering::Acquire) {
+        if self.shared.prepare_park(&self.cursors, wake) {
             if wake == NEVER {
                 thread::park();
             } else {
@@ -416,9 +474,8 @@ impl ShardThread {
                     thread::park_timeout(until - now);
                 }
             }
+            self.shared.wake_up();
         }
-        // ORDERING: Relaxed: a stale value only makes a producer unpark needlessly.
-        self.shared.next_wake.store(AWAKE, Ordering::Relaxed);
     }
 
     /// Closes the insert ring, empties everything, waits for outstanding cancel
@@ -435,7 +492,7 @@ impl ShardThread {
         let mut cancelled = 0u64;
         self.shared
             .insert
-            .drain_closed(&mut self.insert_cursor, reserved, &mut |entry| {
+            .drain_closed(&mut self.cursors.insert, reserved, &mut |entry| {
                 scheduled += 1;
                 // Never filed, so a cancel sent no message either way.
                 match entry.detach().state() {

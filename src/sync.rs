@@ -10,6 +10,8 @@
 //! | [`Backoff`] | `crossbeam_utils::Backoff` | `loom::thread::yield_now` | the spin/yield schedule |
 //! | executor queues | `crossbeam_deque` | a `Mutex<VecDeque>` stand-in | crossbeam-deque's own lock-freedom (it has its own tests) |
 //! | core pinning | `core_affinity` | not called | — |
+//! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
+//! | entry allocations | `Box` | `Box` plus a `loom::alloc::Track` in each header | — (leaks are caught) |
 
 #![allow(
     unreachable_pub,
@@ -143,6 +145,12 @@ mod loom_deque {
                 _ => None,
             }
         }
+        pub(crate) fn or_else(self, f: impl FnOnce() -> Steal<T>) -> Steal<T> {
+            match self {
+                Steal::Success(task) => Steal::Success(task),
+                _ => f(),
+            }
+        }
     }
 
     impl<T> FromIterator<Steal<T>> for Steal<T> {
@@ -200,6 +208,9 @@ mod loom_deque {
     pub(crate) struct Stealer<T>(Arc<Mutex<VecDeque<T>>>);
 
     impl<T> Stealer<T> {
+        pub(crate) fn is_empty(&self) -> bool {
+            self.0.lock().unwrap().is_empty()
+        }
         pub(crate) fn steal(&self) -> Steal<T> {
             self.0
                 .lock()

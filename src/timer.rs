@@ -11,7 +11,7 @@ use crate::entry::{EntryRef, FiredEntry};
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
 use crate::handle::{TimerHandle, TimerId, Unfired};
-use crate::shard::{PendingLimit, ShardShared};
+use crate::shard::{PendingLimit, ShardShared, ShardThread};
 use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
 
 /// Default slots per ring.
@@ -192,8 +192,14 @@ impl Builder {
         let mut shared = Vec::with_capacity(shards);
         let mut shard_threads = Vec::with_capacity(shards);
         for index in 0..shards {
-            let (shard, shard_thread) =
-                ShardShared::new(self.ring_capacity, clock, executor.clone(), limit.clone());
+            let (shard, cursors) = ShardShared::new(self.ring_capacity);
+            let shard_thread = ShardThread::new(
+                shard.clone(),
+                cursors,
+                clock,
+                executor.clone(),
+                limit.clone(),
+            );
             let pin_to = (cores.len() >= shards).then(|| cores[index]);
             let name = format!("{}-shard-{index}", self.thread_name);
             match thread::Builder::new()

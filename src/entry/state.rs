@@ -44,11 +44,11 @@ const DETACHED: u32 = 0b1000;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Snapshot(u32);
+pub struct Snapshot(u32);
 
 impl Snapshot {
     /// The timer state in this snapshot.
-    pub(crate) fn state(self) -> TimerState {
+    pub fn state(self) -> TimerState {
         match self.0 & STATE_MASK {
             PENDING => TimerState::Pending,
             FIRED => TimerState::Fired,
@@ -57,7 +57,7 @@ impl Snapshot {
     }
 
     /// Whether `FILED` is set.
-    pub(crate) fn is_filed(self) -> bool {
+    pub fn is_filed(self) -> bool {
         self.0 & FILED != 0
     }
 }
@@ -75,7 +75,7 @@ impl core::fmt::Debug for Snapshot {
 /// The outcome of [`StateWord::try_cancel`].
 #[must_use = "the winner of a cancel owns the callback and must drop it"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Cancel {
+pub enum Cancel {
     /// This call moved Pending → Cancelled. `filed` says whether the entry was in its
     /// shard's wheel at that moment (so the shard must be told).
     Won {
@@ -99,7 +99,7 @@ pub(crate) enum Fire {
 /// The outcome of [`StateWord::mark_filed`].
 #[must_use = "a cancelled entry must be discarded, not filed"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum File {
+pub enum File {
     /// `FILED` is now set and the entry was pending: file it in the wheel.
     Filed,
     /// The entry was cancelled before the shard reached it; its canceller sent no
