@@ -3,6 +3,8 @@
 //!
 //! Explores: a producer inserting a timer due at tick 5 while the shard, with nothing
 //! to do before tick 10, publishes its wake-up tick, re-checks its rings and parks.
+//! The ring has 4 slots so that the first push is not "filling" (which unparks
+//! regardless): only the deadline rule can wake the shard.
 //! Asserts: no lost wakeup: the shard never stays parked while a timer earlier than
 //! its published wake-up sits in its ring (a lost wakeup leaves the shard parked
 //! forever, which loom reports as a deadlock); the shard then finds the timer.
@@ -19,7 +21,7 @@ use sharded_timer::__loom::{next_id, EntryRef, ShardShared};
 #[test]
 fn an_earlier_deadline_always_wakes_a_parking_shard() {
     model(|| {
-        let (shard, mut cursors) = ShardShared::new(2);
+        let (shard, mut cursors) = ShardShared::new(4);
         let shard_thread = {
             let shard = shard.clone();
             thread::spawn(move || {
