@@ -6,9 +6,13 @@
 //! Asserts: every submitted task runs exactly once, and all of them run before
 //! `stop` (a lost wakeup would leave the submitter waiting forever, which loom
 //! reports).
-//! Seeded bug that makes it fail: the SeqCst fence in `Executor::submit` removed (the
-//! submitter can then read `sleepers == 0` while a worker that missed the push goes to
-//! sleep).
+//! Seeded bug that makes it fail: the worker's re-check of the queues in
+//! `wait_for_work` removed (a worker can then sleep on a batch pushed while it was
+//! deciding to; the submitter waits forever and loom stops it at its branch limit).
+//! Not caught: removing only the SeqCst fence in `submit`, because under loom the
+//! injector is a `Mutex` stand-in whose lock already orders the push before the
+//! worker's re-check; that fence guards crossbeam's lock-free injector, which loom
+//! cannot see (see `src/sync.rs`).
 //! Command: as in `ring.rs`, with `--test executor`.
 #![cfg(loom)]
 
