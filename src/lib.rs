@@ -82,6 +82,11 @@
 // never exits while such a message is outstanding. That is why a TimerHandle can hold
 // a plain pointer to its shard's cancel ring.
 
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod clock;
 #[cfg_attr(
     not(loom),
