@@ -19,45 +19,17 @@
     reason = "criterion_group! and criterion_main! generate undocumented items"
 )]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sharded_timer::wheel::TimingWheel;
 
-/// Counts bytes currently allocated, to report memory per entry exactly.
-struct CountingAllocator;
-
-static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only adds Relaxed counting.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // ORDERING: a statistic read after the allocating code has finished on this thread.
-        ALLOCATED.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, passed through.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // ORDERING: as in `alloc`.
-        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::dealloc`'s contract, passed through.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // ORDERING: as in `alloc`.
-        ALLOCATED.fetch_add(new_size, Ordering::Relaxed);
-        // ORDERING: as in `alloc`.
-        ALLOCATED.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller upholds `GlobalAlloc::realloc`'s contract, passed through.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+#[path = "../src/bin/sharded-timer/alloc.rs"]
+mod alloc;
 
 #[global_allocator]
-static GLOBAL: CountingAllocator = CountingAllocator;
+static GLOBAL: alloc::CountingAllocator = alloc::CountingAllocator;
 
 /// One hour at a 1 ms tick.
 const HORIZON_TICKS: u64 = 3_600_000;
@@ -85,9 +57,9 @@ fn filled(resident: usize, rng: &mut Rng) -> TimingWheel<u64> {
 
 fn report_memory() {
     for resident in SIZES {
-        let before = ALLOCATED.load(Ordering::Relaxed);
+        let before = alloc::allocated();
         let wheel = filled(resident, &mut Rng(7));
-        let bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+        let bytes = alloc::allocated() - before;
         let per_entry = bytes as f64 / resident as f64;
         let nodes = wheel.capacity() as f64 / resident as f64;
         println!(
@@ -96,13 +68,13 @@ fn report_memory() {
             per_entry - 8.0 * nodes
         );
         drop(black_box(wheel));
-        let before = ALLOCATED.load(Ordering::Relaxed);
+        let before = alloc::allocated();
         let mut wheel = TimingWheel::with_capacity(0, resident);
         let mut rng = Rng(7);
         for i in 0..resident {
             wheel.insert(rng.delay(), i as u64);
         }
-        let per_entry = (ALLOCATED.load(Ordering::Relaxed) - before) as f64 / resident as f64;
+        let per_entry = (alloc::allocated() - before) as f64 / resident as f64;
         println!(
             "wheel memory, {resident:>8} resident, with_capacity: {per_entry:5.1} B/entry with T = u64, \
              {:5.1} B/entry excluding T",

@@ -1,0 +1,65 @@
+//! schedule+cancel pairs per second (the RPC-timeout pattern: most timers never fire),
+//! side by side with the peers, from 1, 2 and 4 threads with 1e3, 1e6 and 1e7 timers
+//! already pending.
+//!
+//! Measured: one `schedule` of a no-op callback with a delay in 1 s..60 s followed at
+//! once by `cancel` of that timer. Setup (filling the pending timers) is outside the
+//! timing. Not measured: the peers' later clean-up of cancelled timers on their own
+//! threads (it competes for the cores, as it would in production). Resident set: the
+//! pending timers (the heap peer also keeps cancelled tasks until their deadline, as
+//! java.util.Timer does). Tick: 1 ms.
+//!
+//! Run: `cargo bench --bench cancel`.
+
+#![allow(
+    missing_docs,
+    reason = "criterion_group! and criterion_main! generate undocumented items"
+)]
+
+mod peers;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use peers::{fill, on_threads, spread_delay, Kind};
+
+const SIZES: [usize; 3] = [1_000, 1_000_000, 10_000_000];
+const THREADS: [usize; 3] = [1, 2, 4];
+
+fn schedule_cancel(c: &mut Criterion) {
+    let mut group = c.benchmark_group("schedule_cancel");
+    group.throughput(Throughput::Elements(1));
+    for pending in SIZES {
+        for kind in Kind::ALL {
+            let peer = kind.start();
+            let resident = fill(&peer, pending, 2);
+            for threads in THREADS {
+                let id = BenchmarkId::new(format!("{}/{threads}t", kind.name()), pending);
+                group.bench_function(id, |b| {
+                    b.iter_custom(|iters| {
+                        let per_thread = iters.div_ceil(threads as u64);
+                        let elapsed = on_threads(threads, per_thread, |i| {
+                            let handle = peer.schedule(spread_delay(i), || {});
+                            black_box(peer.cancel(&handle));
+                        });
+                        elapsed.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
+                    });
+                });
+            }
+            drop(resident);
+            drop(peer);
+        }
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
+    targets = schedule_cancel
+}
+criterion_main!(benches);

@@ -1,0 +1,176 @@
+//! The timers sharded-timer is compared with, side by side in one process: tokio's
+//! timer, a `Mutex<BinaryHeap>` timer thread (java.util.Timer), a `Mutex`-guarded
+//! single hashed wheel with rounds (Netty's HashedWheelTimer), and sharded-timer
+//! itself, pinned and unpinned. Every comparing bench uses these, through [`Peer`].
+
+#![allow(
+    dead_code,
+    reason = "each bench uses the peers it compares, not every helper"
+)]
+
+mod heap;
+mod netty;
+mod tokio_timer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sharded_timer::{ShardedTimer, TimerHandle};
+
+pub(crate) use heap::HeapTimer;
+pub(crate) use netty::NettyTimer;
+pub(crate) use tokio_timer::TokioTimer;
+
+/// Which peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// sharded-timer at its defaults (shards pinned to cores).
+    Sharded,
+    /// sharded-timer with `pin_cores(false)`.
+    ShardedUnpinned,
+    /// tokio's timer.
+    Tokio,
+    /// `Mutex<BinaryHeap>` with a timer thread.
+    Heap,
+    /// Netty-style single wheel with rounds.
+    NettyStyle,
+}
+
+impl Kind {
+    /// Every peer, sharded-timer first.
+    pub(crate) const ALL: [Kind; 5] = [
+        Kind::Sharded,
+        Kind::ShardedUnpinned,
+        Kind::Tokio,
+        Kind::Heap,
+        Kind::NettyStyle,
+    ];
+
+    /// Short name for bench ids and tables.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Sharded => "sharded-timer",
+            Kind::ShardedUnpinned => "sharded-unpinned",
+            Kind::Tokio => "tokio",
+            Kind::Heap => "heap",
+            Kind::NettyStyle => "netty-style",
+        }
+    }
+
+    /// A fresh instance.
+    pub(crate) fn start(self) -> Peer {
+        match self {
+            Kind::Sharded => Peer::Sharded(ShardedTimer::new()),
+            Kind::ShardedUnpinned => Peer::Sharded(
+                ShardedTimer::builder()
+                    .pin_cores(false)
+                    .build()
+                    .expect("sharded-timer starts"),
+            ),
+            Kind::Tokio => Peer::Tokio(TokioTimer::new()),
+            Kind::Heap => Peer::Heap(HeapTimer::new()),
+            Kind::NettyStyle => Peer::NettyStyle(NettyTimer::new()),
+        }
+    }
+}
+
+/// A running peer.
+pub(crate) enum Peer {
+    Sharded(ShardedTimer),
+    Tokio(TokioTimer),
+    Heap(HeapTimer),
+    NettyStyle(NettyTimer),
+}
+
+/// A scheduled timer of some peer.
+pub(crate) enum Handle {
+    Sharded(TimerHandle),
+    Tokio(tokio::task::JoinHandle<()>),
+    Heap(Arc<heap::HeapTask>),
+    NettyStyle(Arc<netty::Timeout>),
+}
+
+impl Peer {
+    /// Runs `f` once after `delay`.
+    pub(crate) fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> Handle {
+        match self {
+            Peer::Sharded(timer) => Handle::Sharded(timer.schedule(delay, f).expect("accepted")),
+            Peer::Tokio(timer) => Handle::Tokio(timer.schedule(delay, f)),
+            Peer::Heap(timer) => Handle::Heap(timer.schedule(delay, f)),
+            Peer::NettyStyle(timer) => Handle::NettyStyle(timer.schedule(delay, f)),
+        }
+    }
+
+    /// Cancels; true iff it was still pending (tokio: always true, abort is blind).
+    pub(crate) fn cancel(&self, handle: &Handle) -> bool {
+        match (self, handle) {
+            (Peer::Sharded(_), Handle::Sharded(h)) => h.cancel(),
+            (Peer::Tokio(t), Handle::Tokio(h)) => t.cancel(h),
+            (Peer::Heap(t), Handle::Heap(h)) => t.cancel(h),
+            (Peer::NettyStyle(t), Handle::NettyStyle(h)) => t.cancel(h),
+            _ => unreachable!("a handle of another peer"),
+        }
+    }
+}
+
+/// Schedules `count` no-op timers with delays spread over 1 s..60 s from
+/// `producers` threads, so they stay pending through a bench; returns their handles.
+pub(crate) fn fill(peer: &Peer, count: usize, producers: usize) -> Vec<Handle> {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..producers)
+            .map(|p| {
+                scope.spawn(move || {
+                    pin_producer(p);
+                    let per = count.div_ceil(producers);
+                    let range = (p * per).min(count)..((p + 1) * per).min(count);
+                    range
+                        .map(|i| peer.schedule(spread_delay(i as u64), || {}))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("filler"))
+            .collect()
+    })
+}
+
+/// Pins the calling producer thread to core `index % cores`, for every peer alike: a
+/// thread-per-core server's layout, and stable run to run (unpinned producers that
+/// the OS happens to place on the same core change every peer's figures).
+pub(crate) fn pin_producer(index: usize) {
+    if let Some(cores) = core_affinity::get_core_ids() {
+        if !cores.is_empty() {
+            let _ = core_affinity::set_for_current(cores[index % cores.len()]);
+        }
+    }
+}
+
+/// A delay in 1 s..60 s, spread by index.
+pub(crate) fn spread_delay(i: u64) -> Duration {
+    Duration::from_millis(1_000 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 59_000)
+}
+
+/// Runs `per_thread` calls of `op` on each of `threads` threads at once; returns the
+/// wall time.
+pub(crate) fn on_threads(threads: usize, per_thread: u64, op: impl Fn(u64) + Sync) -> Duration {
+    let barrier = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (barrier, op) = (&barrier, &op);
+            scope.spawn(move || {
+                pin_producer(t);
+                barrier.wait();
+                for i in 0..per_thread {
+                    op((t as u64) << 40 | i);
+                }
+                barrier.wait();
+            });
+        }
+        barrier.wait();
+        let start = std::time::Instant::now();
+        barrier.wait();
+        start.elapsed()
+    })
+}
