@@ -38,12 +38,10 @@ fn schedule_cancel(c: &mut Criterion) {
                 let id = BenchmarkId::new(format!("{}/{threads}t", kind.name()), pending);
                 group.bench_function(id, |b| {
                     b.iter_custom(|iters| {
-                        let per_thread = iters.div_ceil(threads as u64);
-                        let elapsed = on_threads(threads, per_thread, |i| {
+                        on_threads(threads, iters, |i| {
                             let handle = peer.schedule(spread_delay(i), || {});
                             black_box(peer.cancel(&handle));
-                        });
-                        elapsed.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
+                        })
                     });
                 });
             }

@@ -12,7 +12,11 @@
 //! - memory: allocated bytes per pending timer for 1 M pending timers, minus the
 //!   16-byte closure each captures.
 //!
-//! Run: `cargo bench --bench compare`. Tick: 1 ms for every peer.
+//! Each workload runs 3 rounds over all peers, interleaved, and reports each peer's
+//! median round with the range (the shared machine's speed drifts within a run).
+//!
+//! Run: `cargo bench --bench compare` (`COMPARE_PEERS=a,b`, `COMPARE_ROUNDS=n`).
+//! Tick: 1 ms for every peer.
 
 #![allow(missing_docs, reason = "a bench binary")]
 
@@ -83,6 +87,8 @@ struct Row {
     rate: f64,
     lateness: [u64; 4],
     early: u64,
+    /// Lowest..highest rate over the rounds, in millions.
+    spread: String,
 }
 
 fn wait_for(fired: impl Fn() -> u64, target: u64, limit: Duration) {
@@ -155,6 +161,7 @@ fn rpc(kind: Kind) -> Row {
             histogram.max(),
         ],
         early: slots.early.load(Ordering::Relaxed),
+        spread: String::new(),
     }
 }
 
@@ -188,6 +195,7 @@ fn burst(kind: Kind) -> Row {
             histogram.max(),
         ],
         early: slots.early.load(Ordering::Relaxed),
+        spread: String::new(),
     }
 }
 
@@ -209,19 +217,46 @@ fn bytes_per_pending(kind: Kind) -> f64 {
     bytes - 16.0
 }
 
+/// Runs `workload` for every peer `rounds` times, interleaved, and keeps for each
+/// peer the round with the median rate (the early count is summed over all rounds).
+fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<Row> {
+    let mut runs: Vec<Vec<Row>> = kinds.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds.max(1) {
+        for (i, &kind) in kinds.iter().enumerate() {
+            runs[i].push(workload(kind));
+        }
+    }
+    runs.into_iter()
+        .map(|mut rows| {
+            let early = rows.iter().map(|r| r.early).sum();
+            rows.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+            let spread = format!(
+                "{:.2}..{:.2}",
+                rows[0].rate / 1e6,
+                rows[rows.len() - 1].rate / 1e6
+            );
+            let mut median = rows.swap_remove(rows.len() / 2);
+            median.early = early;
+            median.spread = spread;
+            median
+        })
+        .collect()
+}
+
 fn print(title: &str, unit: &str, rows: &[Row]) {
     let ours = rows[0].rate;
     println!("\n{title}");
     println!(
-        "{:<18} {:>12} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "peer", unit, "ratio", "p50 µs", "p99 µs", "p999 µs", "max µs", "early"
+        "{:<18} {:>12} {:>8} {:>13} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "peer", unit, "ratio", "rounds (M)", "p50 µs", "p99 µs", "p999 µs", "max µs", "early"
     );
     for row in rows {
         println!(
-            "{:<18} {:>10.2} M {:>7.2}x {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "{:<18} {:>10.2} M {:>7.2}x {:>13} {:>9} {:>9} {:>9} {:>9} {:>6}",
             row.peer,
             row.rate / 1e6,
             ours / row.rate,
+            row.spread,
             row.lateness[0],
             row.lateness[1],
             row.lateness[2],
@@ -247,9 +282,15 @@ fn main() {
                 .is_none_or(|o| o.split(',').any(|n| n == k.name()))
         })
         .collect();
-    let rpc_rows: Vec<Row> = kinds.iter().map(|&k| rpc(k)).collect();
+    // Rounds interleave the peers, so a change in the shared machine's speed during
+    // the run hits every peer alike; each figure is the median of the rounds.
+    let rounds: usize = std::env::var("COMPARE_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let rpc_rows = median_rows(&kinds, rounds, rpc);
     print("rpc: schedule+cancel pairs/s (2 producers, 1 M pending), lateness of the 3 % that time out", "pairs/s", &rpc_rows);
-    let burst_rows: Vec<Row> = kinds.iter().map(|&k| burst(k)).collect();
+    let burst_rows = median_rows(&kinds, rounds, burst);
     print(
         "burst: 1 M timers due together, drain rate",
         "fired/s",

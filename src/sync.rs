@@ -12,6 +12,7 @@
 //! | core pinning | `core_affinity` | not called | — |
 //! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
 //! | entry allocations | `Box` | `Box` plus a `loom::alloc::Track` in each header | — (leaks are caught) |
+//! | `TimerId` prefix counter (`handle.rs`) | a `std` static atomic | the same `std` static (loom atomics cannot be statics) | nothing: it only keeps ids unique and guards no memory |
 
 #![allow(
     unreachable_pub,

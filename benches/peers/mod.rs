@@ -152,11 +152,16 @@ pub(crate) fn spread_delay(i: u64) -> Duration {
     Duration::from_millis(1_000 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 59_000)
 }
 
-/// Runs `per_thread` calls of `op` on each of `threads` threads at once; returns the
-/// wall time.
-pub(crate) fn on_threads(threads: usize, per_thread: u64, op: impl Fn(u64) + Sync) -> Duration {
+/// Operations per thread per sample at the least: enough that thread wake-up and the
+/// barriers are noise, whatever iteration count criterion asks for.
+const MIN_PER_THREAD: u64 = 10_000;
+
+/// Times `iters` calls of `op` spread over `threads` threads running at once: runs at
+/// least [`MIN_PER_THREAD`] per thread and scales the wall time to `iters` calls.
+pub(crate) fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64).max(MIN_PER_THREAD);
     let barrier = std::sync::Barrier::new(threads + 1);
-    std::thread::scope(|scope| {
+    let elapsed = std::thread::scope(|scope| {
         for t in 0..threads {
             let (barrier, op) = (&barrier, &op);
             scope.spawn(move || {
@@ -172,5 +177,6 @@ pub(crate) fn on_threads(threads: usize, per_thread: u64, op: impl Fn(u64) + Syn
         let start = std::time::Instant::now();
         barrier.wait();
         start.elapsed()
-    })
+    });
+    elapsed.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
 }
