@@ -105,6 +105,7 @@ mod error;
     )
 )]
 mod executor;
+mod future;
 mod handle;
 #[cfg_attr(
     not(loom),
@@ -127,6 +128,7 @@ mod timer;
 pub mod wheel;
 
 pub use error::{BuildError, ScheduleError};
+pub use future::{Elapsed, Sleep, Timeout};
 
 /// What the loom models in `loom-tests/` drive: the ring, the entry state machine,
 /// a shard's rings and park handshake, and the executor. Compiled only under

@@ -1,0 +1,125 @@
+//! `sleep`, `sleep_until` and `timeout`: runtime-agnostic futures, never early, and
+//! cancelled when dropped.
+
+mod support;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake};
+use std::time::{Duration, Instant};
+
+use sharded_timer::{Elapsed, Sleep, Timeout};
+use support::{small_timer, wait_until, WAIT};
+
+/// A hand-written executor: poll, park until woken, repeat.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park_timeout(WAIT);
+    }
+}
+
+#[test]
+fn sleep_completes_never_early_under_a_hand_written_executor() {
+    let timer = small_timer();
+    for ms in [0u64, 1, 5, 20] {
+        let start = Instant::now();
+        let sleep = timer.sleep(Duration::from_millis(ms));
+        let deadline = sleep.deadline();
+        block_on(sleep);
+        assert!(Instant::now() >= deadline, "woke early for {ms} ms");
+        assert!(start.elapsed() >= Duration::from_millis(ms));
+    }
+}
+
+#[test]
+fn sleep_and_timeout_work_under_tokio() {
+    let timer = small_timer();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let start = Instant::now();
+        timer.sleep(Duration::from_millis(10)).await;
+        assert!(start.elapsed() >= Duration::from_millis(10));
+        let slow = timer.sleep(Duration::from_secs(60));
+        assert!(timer.timeout(Duration::from_millis(5), slow).await.is_err());
+    });
+}
+
+#[test]
+fn timeout_on_a_pending_future_elapses_not_before_its_deadline() {
+    let timer = small_timer();
+    let start = Instant::now();
+    let result = block_on(timer.timeout(Duration::from_millis(15), std::future::pending::<()>()));
+    assert!(result.is_err());
+    assert!(start.elapsed() >= Duration::from_millis(15));
+    assert_eq!(result.unwrap_err().to_string(), "deadline has elapsed");
+}
+
+#[test]
+fn timeout_on_a_ready_future_passes_through() {
+    let timer = small_timer();
+    assert_eq!(block_on(timer.timeout(Duration::ZERO, async { 7 })), Ok(7));
+    assert_eq!(
+        block_on(timer.timeout(Duration::from_secs(60), std::future::ready("x"))),
+        Ok("x")
+    );
+}
+
+#[test]
+fn a_thousand_dropped_sleeps_leave_nothing_pending() {
+    let timer = small_timer();
+    let sleeps: Vec<Sleep> = (0..1_000)
+        .map(|_| timer.sleep(Duration::from_secs(60)))
+        .collect();
+    assert!(wait_until(WAIT, || timer.stats().scheduled == 1_000));
+    assert_eq!(timer.stats().pending, 1_000);
+    drop(sleeps);
+    assert!(
+        wait_until(WAIT, || timer.stats().pending == 0),
+        "{:?}",
+        timer.stats()
+    );
+    assert_eq!(timer.stats().cancelled, 1_000);
+    assert!(timer.shutdown().is_empty());
+}
+
+#[test]
+fn a_pending_sleep_completes_when_the_service_shuts_down() {
+    let timer = small_timer();
+    let sleep = timer.sleep(Duration::from_secs(3600));
+    let waiter = std::thread::spawn(move || {
+        block_on(sleep);
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    drop(timer.shutdown());
+    waiter
+        .join()
+        .expect("the sleep completed instead of hanging");
+    // A sleep made after shutdown completes at once and says it did not elapse.
+    let late = timer.sleep(Duration::from_secs(3600));
+    assert!(!late.is_elapsed());
+    block_on(late);
+}
+
+#[test]
+fn sleep_and_timeout_are_send_and_unpin() {
+    fn assert_traits<T: Send + Unpin>() {}
+    assert_traits::<Sleep>();
+    assert_traits::<Timeout<std::future::Pending<()>>>();
+    fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
+    assert_error::<Elapsed>();
+}
