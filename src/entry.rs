@@ -23,32 +23,43 @@
 //!    destructor drops the callback.
 //! 3. **Place.** `place` is read and written only by the shard thread holding the
 //!    service reference, through [`ShardStore`].
-//! 4. **Cancel messages.** An entry that is Cancelled with `FILED` set has exactly one
-//!    cancel message, sent (or about to be sent) by the canceller that won. The shard
-//!    releases the service reference only when it processes that message, so the
-//!    pointer in the message is live when the shard pops it; and the shard keeps
-//!    draining its cancel ring until every such message has arrived before it exits,
-//!    so the [`CancelPort`] a winning canceller sends through is live.
+//! 4. **Messages.** An entry that is Cancelled with `FILED` set has exactly one
+//!    cancel message, sent (or about to be sent) by the canceller that won; one with
+//!    `MOVING` set has exactly one move message, sent by the reset that set it. The
+//!    shard releases the service reference only when it has processed the cancel
+//!    message, and never lets an entry with `MOVING` leave its wheel (neither fired
+//!    nor released) until its move message has arrived. So the pointer in a cancel
+//!    message is live when the shard pops it, and at shutdown the shard can see every
+//!    outstanding message (on entries in its wheel or held aside) and keeps draining
+//!    until all have arrived before it exits: the [`CancelPort`] a sender uses is
+//!    live.
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
 use crate::handle::{TimerId, TimerState};
-use crate::sync::{AtomicU32, Ordering, UnsafeCell};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use crate::wheel::{Place, Store};
 
 mod state;
 
-pub(crate) use state::Fire;
 use state::StateWord;
 pub use state::{Cancel, File, Snapshot};
+pub(crate) use state::{Finish, Fire};
 
-/// The place of an entry the shard has expired while it was cancelled: out of the
-/// wheel, awaiting its cancel message (ground rule 4).
-pub(crate) const AWAITING_CANCEL: Place = Place {
-    list: u16::MAX,
-    position: u32::MAX,
-};
+/// Why a shard holds an entry outside its wheel, waiting for a message (ground rule 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Aside {
+    /// Cancelled; its cancel message has not arrived yet.
+    Cancel,
+    /// Cancelled and its cancel message processed; its move message has not arrived.
+    Move,
+    /// Handed back at shutdown as pending with a move message outstanding.
+    DetachedMove,
+}
+
+/// The list number that marks an entry held aside; the position says why.
+const ASIDE_LIST: u16 = u16::MAX;
 
 /// References beyond this abort the process, as `Arc` does: the count must never wrap.
 const MAX_REFS: u32 = i32::MAX as u32;
@@ -65,8 +76,12 @@ pub(crate) struct Header {
     vtable: &'static Vtable,
     /// The timer's id.
     id: TimerId,
-    /// The deadline, in ticks of the service's clock. Immutable.
-    deadline: u64,
+    /// The deadline, in ticks of the service's clock: the latest one asked for. Written
+    /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
+    /// (Release; its `finish_reset` CAS publishes it); read by the shard (Relaxed for
+    /// filing, where a stale value is corrected later; Acquire after loading the state
+    /// word when deciding to fire) and by handles.
+    deadline: AtomicU64,
     /// Where the entry sits in its shard's wheel. Shard thread only (ground rule 3).
     place: UnsafeCell<Place>,
     /// Under loom, reports the entry as leaked if it is never freed.
@@ -164,7 +179,7 @@ impl EntryRef {
                 refs: AtomicU32::new(2),
                 vtable: &Entry::<F>::VTABLE,
                 id,
-                deadline,
+                deadline: AtomicU64::new(deadline),
                 place: UnsafeCell::new(Place::default()),
                 #[cfg(loom)]
                 track: loom::alloc::Track::new(()),
@@ -186,9 +201,11 @@ impl EntryRef {
         self.header().id
     }
 
-    /// The deadline tick.
+    /// The deadline tick (the latest reset's, if any).
     pub fn deadline(&self) -> u64 {
-        self.header().deadline
+        // ORDERING: Acquire pairs with the Release store in `reset`, for a handle that
+        // reads back a deadline another thread set.
+        self.header().deadline.load(Ordering::Acquire)
     }
 
     /// The current state.
@@ -224,8 +241,83 @@ impl EntryRef {
                 entry: self,
                 taken: false,
             }),
-            Fire::Lost => Err(self),
+            Fire::Lost | Fire::Moved => Err(self),
         }
+    }
+
+    /// The shard's expiry: fires the entry if it is pending, due at tick `now` by its
+    /// latest deadline, and no reset or move is under way.
+    pub fn try_fire_due(self, now: u64) -> Due {
+        let seen = self.header().state.load();
+        if seen.state() != TimerState::Pending {
+            return Due::Cancelled(self);
+        }
+        // ORDERING: Acquire: with the Acquire load of the word above, which reads the
+        // Release of the last finished reset, this reads that reset's deadline or a
+        // later one; a reset that starts after the load above makes the CAS fail.
+        if self.header().deadline.load(Ordering::Acquire) > now {
+            return Due::Later(self);
+        }
+        match self.header().state.try_fire_seen(seen) {
+            Fire::Won => Due::Fired(FiredEntry {
+                entry: self,
+                taken: false,
+            }),
+            Fire::Lost => Due::Cancelled(self),
+            Fire::Moved => Due::Later(self),
+        }
+    }
+
+    /// Moves the deadline to tick `deadline`; `true` iff the timer was still pending
+    /// (then it fires no earlier than `deadline`). A later deadline is one store: the
+    /// shard re-files the entry when its old slot comes due. An earlier one for a filed
+    /// entry also sends the shard one move message through `port` (ground rule 4).
+    pub fn reset<S: CancelSink>(&self, deadline: u64, port: &CancelPort<S>) -> bool {
+        let header = self.header();
+        if !header.state.begin_reset() {
+            return false;
+        }
+        // ORDERING: Relaxed: we hold RESETTING, so no other reset writes meanwhile, and
+        // `begin_reset`'s Acquire ordered us after the previous reset's store.
+        let old = header.deadline.load(Ordering::Relaxed);
+        // ORDERING: Release, and `finish_reset`'s Release CAS after it, publish the
+        // deadline to the shard's Acquire loads.
+        header.deadline.store(deadline, Ordering::Release);
+        match header.state.finish_reset(deadline < old) {
+            Finish::Pending { send_move } => {
+                if send_move {
+                    // SAFETY: we set MOVING on a filed, pending entry: its shard keeps
+                    // the entry in its wheel, and does not exit, until this message
+                    // arrives (ground rule 4), so the sink is live.
+                    let sink = unsafe { port.0.as_ref() };
+                    sink.send_move(self.clone(), deadline);
+                }
+                true
+            }
+            Finish::Lost => {
+                // Fired or cancelled meanwhile: change nothing. No reset can begin any
+                // more, so restoring is race-free.
+                // ORDERING: Release, as above.
+                header.deadline.store(old, Ordering::Release);
+                false
+            }
+        }
+    }
+
+    /// The shard takes a move message for this entry.
+    pub fn clear_moving(&self) -> Snapshot {
+        self.header().state.clear_moving()
+    }
+
+    /// The current state word.
+    pub fn snapshot(&self) -> Snapshot {
+        self.header().state.load()
+    }
+
+    /// A non-owning pointer to this entry, for finding it in the shard's wheel while
+    /// this reference keeps it alive.
+    pub(crate) fn as_raw(&self) -> RawEntry {
+        RawEntry(self.0)
     }
 
     /// Pending → Cancelled; the winner drops the callback before returning.
@@ -325,6 +417,26 @@ impl core::fmt::Debug for EntryRef {
     }
 }
 
+/// What [`EntryRef::try_fire_due`] decided.
+#[derive(Debug)]
+pub enum Due {
+    /// Fired: the task owns the callback.
+    Fired(FiredEntry),
+    /// Not (yet) due by its latest deadline, or a reset or move is under way: re-file.
+    Later(EntryRef),
+    /// A cancel won; its message is on the way (the entry was filed).
+    Cancelled(EntryRef),
+}
+
+/// A message to a shard about an entry it holds.
+#[derive(Debug)]
+pub enum Message {
+    /// A winning cancel of a filed entry; owns no reference (ground rule 4).
+    Cancel(RawEntry),
+    /// A reset moved a filed entry earlier; owns one reference.
+    Move(EntryRef),
+}
+
 /// A pointer to an entry that carries one reference by protocol, not by type: in a
 /// ring, in a shard's wheel, or in a cancel message (ground rules 1 and 4). `Copy` so
 /// the wheel can move it around; claimed once with [`EntryRef::from_raw`].
@@ -359,7 +471,8 @@ impl FiredEntry {
     /// Reads the entry's header with a plain load, so that a worker touching a whole
     /// batch first overlaps the batch's cache misses.
     pub fn touch(&self) {
-        core::hint::black_box(self.entry.header().deadline);
+        // ORDERING: Relaxed: a touch, the value is unused.
+        core::hint::black_box(self.entry.header().deadline.load(Ordering::Relaxed));
     }
 }
 
@@ -382,11 +495,14 @@ impl core::fmt::Debug for FiredEntry {
     }
 }
 
-/// The shard's side of a cancel: receives the message of a winning canceller whose
-/// entry was filed.
+/// The shard's side of a cancel or reset: receives the message of a winning canceller
+/// whose entry was filed, or of a reset that moved a filed entry earlier.
 pub trait CancelSink: Sync {
-    /// Delivers the message; must not lose it (ground rule 4).
+    /// Delivers a cancel message; must not lose it (ground rule 4).
     fn send_cancel(&self, entry: RawEntry);
+    /// Delivers a move message for an entry now due at tick `deadline`; must not lose
+    /// it (ground rule 4).
+    fn send_move(&self, entry: EntryRef, deadline: u64);
 }
 
 /// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only under
@@ -455,14 +571,46 @@ impl ShardStore {
         unsafe { entry.0.as_ref() }
     }
 
-    /// Marks an entry that left the wheel while cancelled (ground rule 4).
-    pub fn set_awaiting_cancel(&mut self, entry: RawEntry) {
-        self.set_place(entry, AWAITING_CANCEL);
+    /// Marks an entry held outside the wheel until a message arrives (ground rule 4).
+    pub(crate) fn set_aside(&mut self, entry: RawEntry, why: Aside) {
+        let position = match why {
+            Aside::Cancel => 0,
+            Aside::Move => 1,
+            Aside::DetachedMove => 2,
+        };
+        self.set_place(
+            entry,
+            Place {
+                list: ASIDE_LIST,
+                position,
+            },
+        );
     }
 
-    /// Whether the entry is out of the wheel, awaiting its cancel message.
+    /// Why the entry is held outside the wheel, or `None` if it is in the wheel.
+    pub(crate) fn aside(&self, entry: RawEntry) -> Option<Aside> {
+        let place = self.place(entry);
+        if place.list != ASIDE_LIST {
+            return None;
+        }
+        Some(match place.position {
+            0 => Aside::Cancel,
+            1 => Aside::Move,
+            _ => Aside::DetachedMove,
+        })
+    }
+
+    /// Marks an entry that left the wheel while cancelled (the loom models' view of
+    /// [`Aside::Cancel`]).
+    #[cfg(loom)]
+    pub fn set_awaiting_cancel(&mut self, entry: RawEntry) {
+        self.set_aside(entry, Aside::Cancel);
+    }
+
+    /// Whether the entry is out of the wheel awaiting a message (the loom models).
+    #[cfg(loom)]
     pub fn is_awaiting_cancel(&self, entry: RawEntry) -> bool {
-        self.place(entry) == AWAITING_CANCEL
+        self.aside(entry).is_some()
     }
 
     /// Gives the shard's reference to the wheel as a [`RawEntry`].
@@ -485,7 +633,11 @@ impl Store for ShardStore {
     type Ref = RawEntry;
 
     fn deadline(&self, entry: RawEntry) -> u64 {
-        Self::header(entry).deadline
+        // ORDERING: Relaxed: for filing only. A stale later value is corrected by the
+        // move message of the reset that moved it earlier; a stale earlier one makes
+        // the entry come due early, where `try_fire_due` re-checks with Acquire and
+        // re-files it.
+        Self::header(entry).deadline.load(Ordering::Relaxed)
     }
 
     fn place(&self, entry: RawEntry) -> Place {
@@ -537,6 +689,9 @@ mod tests {
     impl CancelSink for Sink {
         fn send_cancel(&self, entry: RawEntry) {
             self.0.lock().unwrap().push(entry);
+        }
+        fn send_move(&self, entry: EntryRef, _deadline: u64) {
+            self.0.lock().unwrap().push(entry.as_raw());
         }
     }
 

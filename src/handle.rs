@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::clock::Clock;
 use crate::entry::{CancelPort, EntryRef};
 use crate::shard::{PendingLimit, ShardShared};
 use crate::sync::Arc;
@@ -127,8 +128,8 @@ pub struct TimerHandle {
     port: CancelPort<ShardShared>,
     /// The service's pending bound, freed by a winning cancel.
     limit: Option<Arc<PendingLimit>>,
-    /// The deadline, rounded up to the service's tick.
-    deadline: Instant,
+    /// The service's clock, to convert deadlines between ticks and instants.
+    clock: Clock,
 }
 
 impl TimerHandle {
@@ -137,13 +138,13 @@ impl TimerHandle {
         entry: EntryRef,
         shard: &ShardShared,
         limit: Option<Arc<PendingLimit>>,
-        deadline: Instant,
+        clock: Clock,
     ) -> Self {
         TimerHandle {
             entry,
             port: CancelPort::new(shard),
             limit,
-            deadline,
+            clock,
         }
     }
 
@@ -180,11 +181,58 @@ impl TimerHandle {
         self.entry.id()
     }
 
-    /// When the timer is due: the requested deadline rounded up to the service's tick
-    /// (so at most one tick later than asked). For a delay too large to represent,
-    /// a far-future instant; such a timer never fires.
+    /// When the timer is due: the requested deadline (or the last successful
+    /// [`reset`](Self::reset)'s) rounded up to the service's tick, so at most one tick
+    /// later than asked. For a delay too large to represent, a far-future instant; such
+    /// a timer never fires.
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.clock.tick_to_instant(self.entry.deadline())
+    }
+
+    /// Moves the timer's deadline to `delay` from now. Returns `true` iff the timer was
+    /// still pending: it then fires no earlier than the new deadline (rounded up to
+    /// the tick), however the old and new deadlines compare. Returns `false`, changing
+    /// nothing, if it had fired, been cancelled or been handed back by `shutdown`.
+    ///
+    /// Moving the deadline later (the keepalive case) is one atomic update: the shard
+    /// re-files the timer when its old slot comes due, so a connection reset a million
+    /// times costs a million stores, not a million allocations. Moving it earlier
+    /// also sends the timer's shard one message. `Duration::MAX` saturates, as in
+    /// `schedule`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let timer = sharded_timer::ShardedTimer::new();
+    /// let idle = timer.schedule(Duration::from_secs(30), || println!("idle: closing")).unwrap();
+    /// // A packet arrived: 30 s more.
+    /// assert!(idle.reset(Duration::from_secs(30)));
+    /// assert!(idle.cancel());
+    /// assert!(!idle.reset(Duration::from_secs(30)), "a cancelled timer stays cancelled");
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn reset(&self, delay: std::time::Duration) -> bool {
+        let tick = match Instant::now().checked_add(delay) {
+            Some(deadline) => self.clock.instant_to_tick(deadline),
+            None => u64::MAX,
+        };
+        self.entry.reset(tick, &self.port)
+    }
+
+    /// Moves the timer's deadline to `deadline`; as [`reset`](Self::reset). A past
+    /// deadline makes the timer due on the next tick.
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn reset_at(&self, deadline: Instant) -> bool {
+        self.entry
+            .reset(self.clock.instant_to_tick(deadline), &self.port)
     }
 }
 
@@ -193,7 +241,7 @@ impl fmt::Debug for TimerHandle {
         f.debug_struct("TimerHandle")
             .field("id", &self.id())
             .field("state", &self.state())
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.deadline())
             .finish()
     }
 }

@@ -137,8 +137,8 @@ pub use future::{Elapsed, Sleep, Timeout};
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::entry::{
-        shard_store, Cancel, CancelPort, CancelSink, EntryRef, File, FiredEntry, RawEntry,
-        ShardStore, Snapshot,
+        shard_store, Cancel, CancelPort, CancelSink, Due, EntryRef, File, FiredEntry, Message,
+        RawEntry, ShardStore, Snapshot,
     };
     pub use crate::executor::{Executor, Task};
     pub use crate::ring::{Cursor, CursorSeed, PushError, Ring};

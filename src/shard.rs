@@ -26,7 +26,9 @@
 use std::time::Instant;
 
 use crate::clock::Clock;
-use crate::entry::{CancelSink, EntryRef, File, FiredEntry, RawEntry, ShardStore};
+use crate::entry::{
+    Aside, CancelSink, Due, EntryRef, File, FiredEntry, Message, RawEntry, ShardStore,
+};
 use crate::executor::{Executor, Task};
 use crate::handle::TimerState;
 use crate::ring::{Cursor, PushError, Ring};
@@ -128,8 +130,8 @@ impl PendingLimit {
 pub struct ShardShared {
     /// New timers, carrying the service reference (entry ground rule 1).
     insert: Ring<EntryRef>,
-    /// Cancel messages (entry ground rule 4).
-    cancel: Ring<RawEntry>,
+    /// Cancel and move messages (entry ground rule 4).
+    cancel: Ring<Message>,
     /// The tick the shard sleeps until: [`AWAKE`] while running, [`NEVER`] when idle.
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
@@ -140,6 +142,18 @@ pub struct ShardShared {
     thread: ThreadSlot,
     /// Counters written by the shard thread.
     pub stats: CachePadded<ShardStats>,
+}
+
+/// What the shard thread holds: its wheel and the entries it keeps aside.
+struct Held {
+    /// The timing wheel over this shard's entries.
+    wheel: Wheel<RawEntry>,
+    /// The wheel's view of the entries.
+    store: ShardStore,
+    /// Entries held outside the wheel, waiting for a cancel or move message.
+    aside: usize,
+    /// Entries handed back at shutdown whose move message is still coming.
+    detached_moves: usize,
 }
 
 /// The shard thread's own state.
@@ -219,9 +233,9 @@ impl ShardShared {
         self.insert.pop(&mut cursors.insert)
     }
 
-    /// Pops one cancel message (the loom models' shard side). Shard thread only.
+    /// Pops one message (the loom models' shard side). Shard thread only.
     #[cfg(loom)]
-    pub fn pop_cancel(&self, cursors: &mut Cursors) -> Option<RawEntry> {
+    pub fn pop_cancel(&self, cursors: &mut Cursors) -> Option<Message> {
         self.cancel.pop(&mut cursors.cancel)
     }
 
@@ -287,36 +301,49 @@ impl ShardShared {
     }
 }
 
-impl CancelSink for ShardShared {
-    fn send_cancel(&self, entry: RawEntry) {
+impl ShardShared {
+    /// Pushes a message, backing off while the ring is full; wakes the shard if it
+    /// sleeps past `deadline` or with nothing to do, or the ring is filling.
+    fn send_message(&self, message: Message, deadline: u64) {
         let backoff = Backoff::new();
-        let mut entry = entry;
+        let mut message = message;
         loop {
-            match self.cancel.push(entry) {
+            match self.cancel.push(message) {
                 Ok(position) => {
                     // ORDERING: as in `push_insert`: the fence orders our push before
                     // our read of `next_wake`, against `prepare_park`'s fence. An idle
-                    // shard (nothing in its wheel) is woken so the cancel is processed
+                    // shard (nothing in its wheel) is woken so the message is processed
                     // and counted now; a busy one processes it at its next wake-up, at
                     // the latest after half a ring of messages.
                     fence(Ordering::SeqCst);
                     // ORDERING: Relaxed: ordered by the fence above.
                     let wake = self.next_wake.load(Ordering::Relaxed);
-                    if wake == NEVER || self.is_filling(position) {
+                    if deadline < wake || wake == NEVER || self.is_filling(position) {
                         self.thread.unpark();
                     }
                     return;
                 }
                 Err(PushError::Full(back)) => {
-                    entry = back;
+                    message = back;
                     self.thread.unpark();
                     backoff.snooze();
                 }
                 Err(PushError::Closed(_)) => {
-                    unreachable!("cancel ring invariant: the cancel ring is never closed")
+                    unreachable!("message ring invariant: the message ring is never closed")
                 }
             }
         }
+    }
+}
+
+impl CancelSink for ShardShared {
+    fn send_cancel(&self, entry: RawEntry) {
+        // A cancel frees memory but is never urgent: no earlier wake-up needed.
+        self.send_message(Message::Cancel(entry), NEVER);
+    }
+
+    fn send_move(&self, entry: EntryRef, deadline: u64) {
+        self.send_message(Message::Move(entry), deadline);
     }
 }
 
@@ -346,22 +373,37 @@ impl ShardThread {
         }
         #[cfg(loom)]
         let _ = pin_to;
-        let mut wheel = Wheel::new(self.clock.now_tick());
-        let mut store = crate::entry::shard_store();
+        let mut held = Held {
+            wheel: Wheel::new(self.clock.now_tick()),
+            store: crate::entry::shard_store(),
+            aside: 0,
+            detached_moves: 0,
+        };
         let mut fired = Vec::with_capacity(FIRE_BATCH);
         let mut due = Vec::with_capacity(EXPIRE_GROUP);
-        let mut awaiting = 0usize;
+        let mut refile = Vec::new();
         loop {
-            self.drain_inserts(&mut wheel, &mut store);
-            self.drain_cancels(&mut wheel, &mut store, &mut awaiting);
+            self.drain_inserts(&mut held);
+            self.drain_messages(&mut held);
             let now = self.clock.now_tick();
-            wheel.advance(&mut store, now, &mut |store, raw| {
+            let Held {
+                wheel,
+                store,
+                aside,
+                ..
+            } = &mut held;
+            wheel.advance(store, now, &mut |store, raw| {
                 due.push(raw);
                 if due.len() == EXPIRE_GROUP {
-                    self.expire(store, &mut due, &mut fired, &mut awaiting);
+                    self.expire(store, now, &mut due, &mut fired, &mut refile, aside);
                 }
             });
-            self.expire(&mut store, &mut due, &mut fired, &mut awaiting);
+            self.expire(store, now, &mut due, &mut fired, &mut refile, aside);
+            // Entries whose deadline moved later (or whose reset is under way) go back
+            // into the wheel at their current deadline.
+            for raw in refile.drain(..) {
+                wheel.insert(store, raw);
+            }
             if !fired.is_empty() {
                 self.executor.submit(core::mem::replace(
                     &mut fired,
@@ -372,24 +414,28 @@ impl ShardThread {
             if self.shared.stop.load(Ordering::Acquire) {
                 break;
             }
-            self.park_until(wheel.next_expiry());
+            self.park_until(held.wheel.next_expiry());
         }
-        self.shut_down(&mut wheel, &mut store, awaiting)
+        self.shut_down(&mut held)
     }
 
-    /// Fires each entry of `due` (emptying it): Pending → Fired hands it to the
-    /// executor in batches; an entry cancelled while filed awaits its cancel message.
+    /// Fires each entry of `due` (emptying it) that is due at tick `now` by its latest
+    /// deadline, handing it to the executor in batches; one whose deadline moved later,
+    /// or whose reset or move is under way, goes to `refile`; one cancelled while filed
+    /// is held aside for its cancel message.
     fn expire(
         &self,
         store: &mut ShardStore,
+        now: u64,
         due: &mut Vec<RawEntry>,
         fired: &mut Vec<FiredEntry>,
-        awaiting: &mut usize,
+        refile: &mut Vec<RawEntry>,
+        aside: &mut usize,
     ) {
         for raw in due.drain(..) {
             let entry = store.claim(raw);
-            match entry.try_fire() {
-                Ok(task) => {
+            match entry.try_fire_due(now) {
+                Due::Fired(task) => {
                     ShardStats::bump(&self.shared.stats.fired, 1);
                     if let Some(limit) = &self.limit {
                         limit.release();
@@ -400,19 +446,20 @@ impl ShardThread {
                             .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
                     }
                 }
-                Err(entry) => {
+                Due::Later(entry) => refile.push(store.release(entry)),
+                Due::Cancelled(entry) => {
                     // Cancelled while filed: its message is on the way, and the
                     // wheel's reference stays until it arrives (ground rule 4).
                     let raw = store.release(entry);
-                    store.set_awaiting_cancel(raw);
-                    *awaiting += 1;
+                    store.set_aside(raw, Aside::Cancel);
+                    *aside += 1;
                 }
             }
         }
     }
 
     /// Files new timers; at most one ring's worth per call so expiry is not starved.
-    fn drain_inserts(&mut self, wheel: &mut Wheel<RawEntry>, store: &mut ShardStore) {
+    fn drain_inserts(&mut self, held: &mut Held) {
         let mut drained = 0u64;
         while drained < self.shared.insert.capacity() as u64 {
             let Some(entry) = self.shared.insert.pop(&mut self.cursors.insert) else {
@@ -421,8 +468,8 @@ impl ShardThread {
             drained += 1;
             match entry.mark_filed() {
                 File::Filed => {
-                    let raw = store.release(entry);
-                    wheel.insert(store, raw);
+                    let raw = held.store.release(entry);
+                    held.wheel.insert(&mut held.store, raw);
                 }
                 File::AlreadyCancelled => {
                     ShardStats::bump(&self.shared.stats.cancelled, 1);
@@ -433,27 +480,61 @@ impl ShardThread {
         ShardStats::bump(&self.shared.stats.scheduled, drained);
     }
 
-    /// Processes cancel messages; returns how many.
-    fn drain_cancels(
-        &mut self,
-        wheel: &mut Wheel<RawEntry>,
-        store: &mut ShardStore,
-        awaiting: &mut usize,
-    ) -> usize {
+    /// Processes cancel and move messages; returns how many.
+    fn drain_messages(&mut self, held: &mut Held) -> usize {
         let mut drained = 0;
+        let mut cancelled = 0;
         while drained < self.shared.cancel.capacity() {
-            let Some(raw) = self.shared.cancel.pop(&mut self.cursors.cancel) else {
+            let Some(message) = self.shared.cancel.pop(&mut self.cursors.cancel) else {
                 break;
             };
             drained += 1;
-            if store.is_awaiting_cancel(raw) {
-                *awaiting -= 1;
-            } else {
-                wheel.remove(store, raw);
+            match message {
+                Message::Cancel(raw) => {
+                    cancelled += 1;
+                    match held.store.aside(raw) {
+                        Some(Aside::Cancel) => held.aside -= 1,
+                        None => held.wheel.remove(&mut held.store, raw),
+                        Some(other) => {
+                            unreachable!("message invariant: a cancel message for an entry aside as {other:?}")
+                        }
+                    }
+                    // The wheel's reference goes now, unless a move message is still
+                    // outstanding: then the entry waits aside for it (ground rule 4).
+                    let entry = held.store.claim(raw);
+                    if entry.snapshot().is_moving() {
+                        let raw = held.store.release(entry);
+                        held.store.set_aside(raw, Aside::Move);
+                        held.aside += 1;
+                    }
+                }
+                Message::Move(entry) => {
+                    let raw = entry.as_raw();
+                    let before = entry.clear_moving();
+                    match held.store.aside(raw) {
+                        // Cancelled, cancel message processed: release it now.
+                        Some(Aside::Move) => {
+                            held.aside -= 1;
+                            drop(held.store.claim(raw));
+                        }
+                        // Cancelled, cancel message still to come: it releases it.
+                        Some(Aside::Cancel) => {}
+                        // Handed back at shutdown; this was the message it waited for.
+                        Some(Aside::DetachedMove) => held.detached_moves -= 1,
+                        // In the wheel: re-file it by its (earlier) deadline. A
+                        // cancelled one stays until its cancel message unlinks it.
+                        None => {
+                            if before.state() == TimerState::Pending {
+                                held.wheel.remove(&mut held.store, raw);
+                                held.wheel.insert(&mut held.store, raw);
+                            }
+                        }
+                    }
+                    drop(entry); // the message's own reference
+                }
             }
-            drop(store.claim(raw));
         }
-        ShardStats::bump(&self.shared.stats.cancelled, drained as u64);
+        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
         drained
     }
 
@@ -478,14 +559,9 @@ impl ShardThread {
         }
     }
 
-    /// Closes the insert ring, empties everything, waits for outstanding cancel
-    /// messages, and returns the pending timers.
-    fn shut_down(
-        &mut self,
-        wheel: &mut Wheel<RawEntry>,
-        store: &mut ShardStore,
-        mut awaiting: usize,
-    ) -> Vec<EntryRef> {
+    /// Closes the insert ring, empties everything, waits for outstanding messages,
+    /// and returns the pending timers.
+    fn shut_down(&mut self, held: &mut Held) -> Vec<EntryRef> {
         let mut unfired = Vec::new();
         let reserved = self.shared.insert.close();
         let mut scheduled = 0u64;
@@ -494,7 +570,7 @@ impl ShardThread {
             .insert
             .drain_closed(&mut self.cursors.insert, reserved, &mut |entry| {
                 scheduled += 1;
-                // Never filed, so a cancel sent no message either way.
+                // Never filed, so neither a cancel nor a reset sent a message.
                 match entry.detach().state() {
                     TimerState::Pending => unfired.push(entry),
                     _ => cancelled += 1,
@@ -502,14 +578,28 @@ impl ShardThread {
             });
         ShardStats::bump(&self.shared.stats.scheduled, scheduled);
         ShardStats::bump(&self.shared.stats.cancelled, cancelled);
+        let Held {
+            wheel,
+            store,
+            aside,
+            detached_moves,
+        } = held;
         wheel.drain(&mut |raw| {
             let entry = store.claim(raw);
-            match entry.detach().state() {
-                TimerState::Pending => unfired.push(entry),
+            let before = entry.detach();
+            match before.state() {
+                TimerState::Pending => {
+                    if before.is_moving() {
+                        // Its move message is still coming: wait for it.
+                        store.set_aside(entry.as_raw(), Aside::DetachedMove);
+                        *detached_moves += 1;
+                    }
+                    unfired.push(entry);
+                }
                 TimerState::Cancelled => {
                     let raw = store.release(entry);
-                    store.set_awaiting_cancel(raw);
-                    awaiting += 1;
+                    store.set_aside(raw, Aside::Cancel);
+                    *aside += 1;
                 }
                 TimerState::Fired => {
                     unreachable!("wheel invariant: a fired entry is never in the wheel")
@@ -517,8 +607,8 @@ impl ShardThread {
             }
         });
         let backoff = Backoff::new();
-        while awaiting > 0 {
-            if self.drain_cancels(wheel, store, &mut awaiting) == 0 {
+        while held.aside > 0 || held.detached_moves > 0 {
+            if self.drain_messages(held) == 0 {
                 backoff.snooze();
             }
         }

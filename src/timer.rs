@@ -461,12 +461,11 @@ impl ShardedTimer {
             }
             return Err(ScheduleError::Shutdown);
         }
-        let instant = inner.clock.tick_to_instant(deadline);
         Ok(TimerHandle::new(
             handle_ref,
             shard,
             inner.limit.clone(),
-            instant,
+            inner.clock,
         ))
     }
 

@@ -20,7 +20,9 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
-use sharded_timer::__loom::{next_id, shard_store, CancelPort, EntryRef, File, ShardShared};
+use sharded_timer::__loom::{
+    next_id, shard_store, CancelPort, EntryRef, File, Message, ShardShared,
+};
 
 #[test]
 fn cancel_before_or_after_filing_is_honoured_exactly_once() {
@@ -72,7 +74,7 @@ fn cancel_before_or_after_filing_is_honoured_exactly_once() {
                     }
                 }
             }
-            if let Some(raw) = shard.pop_cancel(&mut cursors) {
+            if let Some(Message::Cancel(raw)) = shard.pop_cancel(&mut cursors) {
                 trace("cancel message");
                 let expected = awaiting.take().or_else(|| in_wheel.take());
                 assert_eq!(

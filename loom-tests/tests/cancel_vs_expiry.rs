@@ -35,6 +35,9 @@ impl CancelSink for Messages {
     fn send_cancel(&self, entry: RawEntry) {
         self.0.lock().unwrap().push(entry);
     }
+    fn send_move(&self, _entry: EntryRef, _deadline: u64) {
+        panic!("no reset in this model");
+    }
 }
 
 fn race(filed: bool) {

@@ -7,6 +7,9 @@
 //! | 0–1 | the [`TimerState`]: `PENDING` = 0, `FIRED` = 1, `CANCELLED` = 2 |
 //! | 2 | `FILED`: the shard has moved the entry from its insert ring into its wheel |
 //! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel it |
+//! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not fire meanwhile |
+//! | 5 | `MOVING`: a reset moved a filed entry earlier and its move message is outstanding |
+//! | 6–31 | reset sequence: bumped by every reset, so a fire CAS that read an older word fails |
 //!
 //! # States
 //!
@@ -17,6 +20,16 @@
 //! | Pending | Fired | `Unfired::run` ([`StateWord::try_fire`]) | the caller of `run` |
 //! | — | +FILED | the shard, draining its insert ring ([`StateWord::mark_filed`]) | unchanged |
 //! | — | −FILED +DETACHED | the shard at shutdown, emptying its ring and wheel ([`StateWord::detach`]) | unchanged |
+//! | Pending | Pending +RESETTING, sequence + 1 | a handle's `reset` ([`StateWord::begin_reset`]) | unchanged |
+//! | Pending +RESETTING | −RESETTING (+MOVING if earlier and filed) | the same `reset` ([`StateWord::finish_reset`]) | unchanged |
+//! | — | −MOVING | the shard, processing the move message ([`StateWord::clear_moving`]) | unchanged |
+//!
+//! A reset stores the new deadline between `begin_reset` and `finish_reset`. The
+//! shard fires only with [`StateWord::try_fire_seen`]: it loads the word, then the
+//! deadline, and its CAS expects exactly the word it loaded. A reset that began after
+//! that load changed the sequence, so the CAS fails and the shard re-files; one that
+//! finished before it is visible through the load (Acquire after the reset's Release).
+//! So a timer never fires on a deadline older than its last successful reset.
 //!
 //! Fired and Cancelled are final. Exactly one of `try_fire` and `try_cancel` wins,
 //! because both are a single read-modify-write from Pending; the loser learns it from
@@ -41,6 +54,12 @@ const CANCELLED: u32 = 2;
 const FILED: u32 = 0b100;
 /// Set when shutdown hands the entry back; handle cancels then lose.
 const DETACHED: u32 = 0b1000;
+/// Set while a reset stores its new deadline.
+const RESETTING: u32 = 1 << 4;
+/// Set while a move message is outstanding.
+const MOVING: u32 = 1 << 5;
+/// One step of the reset sequence (bits 6–31, wrapping).
+const SEQUENCE_ONE: u32 = 1 << 6;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -59,6 +78,11 @@ impl Snapshot {
     /// Whether `FILED` is set.
     pub fn is_filed(self) -> bool {
         self.0 & FILED != 0
+    }
+
+    /// Whether a move message is outstanding.
+    pub fn is_moving(self) -> bool {
+        self.0 & MOVING != 0
     }
 }
 
@@ -86,13 +110,30 @@ pub enum Cancel {
     Lost(TimerState),
 }
 
-/// The outcome of [`StateWord::try_fire`].
+/// The outcome of [`StateWord::try_fire`] and [`StateWord::try_fire_seen`].
 #[must_use = "the winner of expiry owns the callback and must run it"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fire {
     /// This call moved Pending → Fired.
     Won,
     /// A cancel won first.
+    Lost,
+    /// A reset is under way or happened since the word was read, or a move message
+    /// is outstanding: not now; re-file with the current deadline.
+    Moved,
+}
+
+/// The outcome of [`StateWord::finish_reset`].
+#[must_use = "a reset that set MOVING must send its move message"]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// Still pending: the reset took effect. `send_move`: this reset set `MOVING` and
+    /// must send the shard one move message.
+    Pending {
+        /// Whether to send a move message.
+        send_move: bool,
+    },
+    /// Fired or cancelled while the reset ran: it did not take effect.
     Lost,
 }
 
@@ -185,6 +226,93 @@ impl StateWord {
                 Err(actual) => current = actual,
             }
         }
+    }
+
+    /// The shard's Pending → Fired, only if the word is still `seen` (the value it
+    /// loaded before reading the deadline) and no reset or move is under way.
+    pub(crate) fn try_fire_seen(&self, seen: Snapshot) -> Fire {
+        if seen.0 & STATE_MASK != PENDING {
+            return Fire::Lost;
+        }
+        if seen.0 & (RESETTING | MOVING) != 0 {
+            return Fire::Moved;
+        }
+        // ORDERING: success AcqRel, as in `try_fire`. Failure Relaxed: the caller only
+        // learns that the word changed (a cancel or a reset) and reloads.
+        match self.0.compare_exchange(
+            seen.0,
+            (seen.0 & !STATE_MASK) | FIRED,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Fire::Won,
+            Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
+            Err(_) => Fire::Moved,
+        }
+    }
+
+    /// A handle's reset, first half: Pending (not detached) → Pending + RESETTING with
+    /// the sequence bumped. Waits while another reset holds RESETTING (it holds it for
+    /// two stores). Returns `false` if the timer is no longer pending (or detached).
+    pub(crate) fn begin_reset(&self) -> bool {
+        let backoff = crate::sync::Backoff::new();
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            if current & STATE_MASK != PENDING || current & DETACHED != 0 {
+                return false;
+            }
+            if current & RESETTING != 0 {
+                backoff.snooze();
+                // ORDERING: Relaxed: a fresh guess, validated by the CAS.
+                current = self.0.load(Ordering::Relaxed);
+                continue;
+            }
+            // ORDERING: success Acquire: we then read the old deadline, which the
+            // previous reset stored before its Release in `finish_reset`. Failure
+            // Relaxed: we retry with the fresh value.
+            match self.0.compare_exchange_weak(
+                current,
+                (current | RESETTING).wrapping_add(SEQUENCE_ONE),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// A handle's reset, second half: clears RESETTING; if the new deadline is
+    /// `earlier` and the entry is filed and still pending, sets MOVING (unless a move
+    /// message is already outstanding) and tells the caller to send one.
+    pub(crate) fn finish_reset(&self, earlier: bool) -> Finish {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            let pending = current & STATE_MASK == PENDING;
+            let send_move = pending && earlier && current & FILED != 0 && current & MOVING == 0;
+            let new = (current & !RESETTING) | if send_move { MOVING } else { 0 };
+            // ORDERING: success Release: the new deadline, stored before, is visible to
+            // the shard's Acquire load of this word (`try_fire_seen`, `clear_moving`,
+            // `detach`). Failure Relaxed: retry with the fresh value.
+            match self
+                .0
+                .compare_exchange_weak(current, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) if pending => return Finish::Pending { send_move },
+                Ok(_) => return Finish::Lost,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// The shard takes a move message: clears MOVING and returns the word before.
+    pub(crate) fn clear_moving(&self) -> Snapshot {
+        // ORDERING: AcqRel: Acquire so that the deadline the shard reads next is at
+        // least the one stored by the reset that set MOVING, or a later one; Release so
+        // that a reset finishing after this sees MOVING clear and sends a new message.
+        Snapshot(self.0.fetch_and(!MOVING, Ordering::AcqRel))
     }
 
     /// Sets `FILED`. Shard thread only, once, when it drains the entry from its insert

@@ -36,7 +36,10 @@ pub(crate) struct Place {
 pub(crate) trait Store {
     /// A cheap reference to one entry.
     type Ref: Copy + PartialEq + core::fmt::Debug;
-    /// The entry's deadline, in ticks. Must not change while the entry is held.
+    /// The entry's deadline, in ticks. It may move *later* while the entry is held (a
+    /// shard's `reset`): the engine reads it again when the entry's slot comes due and
+    /// re-files the entry if it is not due yet. A deadline that moves earlier must be
+    /// re-filed by the caller (`remove` then `insert`).
     fn deadline(&self, entry: Self::Ref) -> u64;
     /// Where the engine last said the entry sits.
     fn place(&self, entry: Self::Ref) -> Place;
@@ -146,10 +149,8 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                     self.len -= 1;
                     expired(store, entry);
                 } else {
-                    debug_assert!(
-                        level > 0,
-                        "engine invariant: a level-0 slot holds only its own tick"
-                    );
+                    // A higher slot cascading, or (level 0) an entry whose deadline
+                    // moved later since it was filed: file it where it now belongs.
                     self.file(store, entry, deadline);
                 }
             }
