@@ -258,8 +258,20 @@ fn main() {
         idle: None,
     };
     for workload in workloads {
+        if workload == Workload::Keepalive {
+            // reset, then the cancel + schedule a timer without reset needs, side by side.
+            for rearm in [keepalive::Rearm::Reset, keepalive::Rearm::CancelSchedule] {
+                run.workloads.push(keepalive::run(
+                    &common,
+                    args.connections,
+                    args.idle_timeout_s,
+                    rearm,
+                ));
+            }
+            continue;
+        }
         let result = match workload {
-            Workload::Keepalive => keepalive::run(&common, args.connections, args.idle_timeout_s),
+            Workload::Keepalive => unreachable!("handled above"),
             Workload::Rpc => rpc::run(
                 &common,
                 args.requests,

@@ -200,7 +200,7 @@ pub(crate) fn print_table(run: &RunReport) {
     println!("sharded-timer load driver — {}", run.config);
     println!();
     println!(
-        "{:<10} {:>12} {:<24} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
+        "{:<12} {:>12} {:<30} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
         "workload",
         "ops/s",
         "(operation)",
@@ -217,7 +217,7 @@ pub(crate) fn print_table(run: &RunReport) {
     );
     for w in &run.workloads {
         println!(
-            "{:<10} {:>12} {:<24} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
+            "{:<12} {:>12} {:<30} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
             w.name,
             rate(w.ops_per_sec),
             format!("({})", w.operation),
@@ -237,7 +237,7 @@ pub(crate) fn print_table(run: &RunReport) {
     println!();
     for w in &run.workloads {
         for note in &w.notes {
-            println!("  {:<9} {note}", w.name);
+            println!("  {:<12} {note}", w.name);
         }
     }
     if let Some(idle) = &run.idle {

@@ -29,8 +29,12 @@ pub(crate) struct Tracker {
     pub(crate) duplicated: AtomicU64,
     /// A common reference instant (workloads that compute deadlines from it).
     pub(crate) base: Instant,
-    /// A common span (the `delayed` horizon), so callbacks need not capture it.
+    /// A common span (the `delayed` horizon, the `keepalive` idle timeout), so
+    /// callbacks need not capture it.
     pub(crate) span: std::time::Duration,
+    /// `keepalive` only: ns after `base` of each connection's last successful re-arm
+    /// (stored after it succeeded, so never later than the real one).
+    pub(crate) rearmed_ns: Vec<AtomicU64>,
 }
 
 impl Tracker {
@@ -46,7 +50,41 @@ impl Tracker {
             duplicated: AtomicU64::new(0),
             base,
             span,
+            rearmed_ns: Vec::new(),
         }))
+    }
+
+    /// A tracker that also keeps each timer's last re-arm time (`keepalive`).
+    pub(crate) fn leak_with_rearms(
+        timers: usize,
+        base: Instant,
+        span: std::time::Duration,
+    ) -> &'static Tracker {
+        Box::leak(Box::new(Tracker {
+            slots: (0..timers).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
+            early: AtomicU64::new(0),
+            duplicated: AtomicU64::new(0),
+            base,
+            span,
+            rearmed_ns: (0..timers).map(|_| AtomicU64::new(0)).collect(),
+        }))
+    }
+
+    /// Records that timer `index` was re-armed successfully; `before` was taken just
+    /// before the re-arm, so its deadline is at least `before + span`.
+    pub(crate) fn rearmed(&self, index: usize, before: Instant) {
+        let ns = before.saturating_duration_since(self.base).as_nanos() as u64;
+        // ORDERING: Release pairs with the Acquire load in `record_rearmed`.
+        self.rearmed_ns[index].store(ns, Ordering::Release);
+    }
+
+    /// Called by timer `index`'s callback: due `span` after its last recorded re-arm.
+    pub(crate) fn record_rearmed(&self, index: usize) {
+        // ORDERING: Acquire pairs with the Release store in `rearmed`. A re-arm stored
+        // after this load only makes the deadline used here earlier, never later.
+        let ns = self.rearmed_ns[index].load(Ordering::Acquire);
+        let deadline = self.base + std::time::Duration::from_nanos(ns) + self.span;
+        self.record(index, deadline);
     }
 
     /// Called by timer `index`'s callback, due at `deadline`.
