@@ -18,9 +18,10 @@
 //!    [`EntryRef::from_raw`]. The last owner frees the allocation.
 //! 2. **Callback.** The callback cell is read only by the winner of Pending → Fired,
 //!    which moves the callback out and runs it, and by the winner of Pending →
-//!    Cancelled, which drops it at once (`state.rs` makes the two exclusive). If the
-//!    last reference goes while still Pending, nobody else can reach the cell and the
-//!    destructor drops the callback.
+//!    Cancelled, which drops it at once (`state.rs` makes the two exclusive). A
+//!    repeating timer's runner holds it while `RUNNING` is set; a cancel that wins
+//!    then leaves the drop to the runner. If the last reference goes while still
+//!    Pending, nobody else can reach the cell and the destructor drops the callback.
 //! 3. **Place.** `place` is read and written only by the shard thread holding the
 //!    service reference, through [`ShardStore`].
 //! 4. **Messages.** An entry that is Cancelled with `FILED` set has exactly one
@@ -36,6 +37,7 @@
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
+use std::time::{Duration, Instant};
 
 use crate::handle::{TimerId, TimerState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
@@ -91,12 +93,43 @@ pub(crate) struct Header {
 
 /// Functions over the concrete `Entry<F>` behind a `Header`.
 struct Vtable {
-    /// Moves the callback out and runs it.
+    /// Runs the callback once and drops it (a repeating timer's run by `Unfired::run`).
     run: unsafe fn(NonNull<Header>),
     /// Drops the callback in place.
     drop_callback: unsafe fn(NonNull<Header>),
     /// Frees the allocation (the callback must already be gone).
     dealloc: unsafe fn(NonNull<Header>),
+    /// Repeating timers only: runs the callback in place, keeping it.
+    call_again: Option<unsafe fn(NonNull<Header>)>,
+    /// Repeating timers only: counts the run just made and returns the next run's
+    /// deadline (`None` beyond what `Instant` holds) and how many runs were skipped.
+    next_run: Option<NextRunFn>,
+}
+
+/// Counts a repeating timer's run and returns its next deadline and the runs skipped.
+type NextRunFn = unsafe fn(NonNull<Header>, Instant) -> (Option<Instant>, u64);
+
+/// A repeating timer's callback with its fixed-rate schedule: run `n` is due at
+/// `start + n × period`.
+struct Repeat<F> {
+    /// The callback.
+    f: F,
+    /// When the timer was scheduled.
+    start: Instant,
+    /// The period; at least one tick.
+    period: Duration,
+    /// The number of the run most recently made (or skipped).
+    runs: u64,
+}
+
+impl<F: FnMut()> Repeat<F> {
+    /// The deadline of run `n`, or `None` past what `Instant` holds.
+    fn deadline_of(&self, n: u64) -> Option<Instant> {
+        let offset = u32::try_from(n)
+            .ok()
+            .and_then(|n| self.period.checked_mul(n))?;
+        self.start.checked_add(offset)
+    }
 }
 
 /// The allocation: header first, so a pointer to it is a pointer to the header.
@@ -114,6 +147,8 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
         run: Self::run,
         drop_callback: Self::drop_callback,
         dealloc: Self::dealloc,
+        call_again: None,
+        next_run: None,
     };
 
     /// # Safety
@@ -156,6 +191,101 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
     }
 }
 
+impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
+    /// The vtable for repeating callbacks of type `F`.
+    const REPEATING_VTABLE: Vtable = Vtable {
+        run: Self::run_once,
+        drop_callback: Entry::<Repeat<F>>::drop_callback_any,
+        dealloc: Entry::<Repeat<F>>::dealloc_any,
+        call_again: Some(Self::call_again),
+        next_run: Some(Self::next_run),
+    };
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - The caller won Pending → Fired (`Unfired::run`) and the callback is there.
+    unsafe fn run_once(header: NonNull<Header>) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        // SAFETY: exclusive and initialised (the caller's second point); read moves it
+        // out, so it is dropped exactly once, after the call.
+        let mut repeat = entry
+            .callback
+            .with(|cell| unsafe { cell.cast::<Repeat<F>>().read() });
+        (repeat.f)();
+    }
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - The caller holds `RUNNING` (it started this run), so it alone touches the
+    ///   callback, which is initialised.
+    unsafe fn call_again(header: NonNull<Header>) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        // SAFETY: exclusive and initialised while RUNNING (the caller's second point).
+        entry
+            .callback
+            .with_mut(|cell| unsafe { ((*cell.cast::<Repeat<F>>()).f)() });
+    }
+
+    /// # Safety
+    ///
+    /// As [`call_again`](Self::call_again).
+    unsafe fn next_run(header: NonNull<Header>, now: Instant) -> (Option<Instant>, u64) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        entry.callback.with_mut(|cell| {
+            // SAFETY: exclusive and initialised while RUNNING (the caller's second
+            // point), so this is the only reference to the callback.
+            let repeat = unsafe { &mut *cell.cast::<Repeat<F>>() };
+            // The run just made is run `made`; the next is due at `start + next × period`.
+            let made = repeat.runs + 1;
+            let mut next = made + 1;
+            // Fixed rate: if that slot has already passed (the run ended a whole period
+            // or more behind), skip to the first slot still ahead rather than run the
+            // missed ones back to back.
+            let passed = now.saturating_duration_since(repeat.start).as_nanos()
+                / repeat.period.as_nanos().max(1);
+            let passed = u64::try_from(passed).unwrap_or(u64::MAX);
+            let mut skipped = 0;
+            if passed >= next {
+                skipped = passed + 1 - next;
+                next = passed + 1;
+            }
+            repeat.runs = next - 1;
+            (repeat.deadline_of(next), skipped)
+        })
+    }
+}
+
+impl<C> Entry<C> {
+    /// Drops whatever callback type `C` is.
+    ///
+    /// # Safety
+    ///
+    /// As `Entry::<F>::drop_callback`.
+    unsafe fn drop_callback_any(header: NonNull<Header>) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<C>>().as_ref() };
+        // SAFETY: exclusive and initialised (the caller's second point); dropped once.
+        entry
+            .callback
+            .with_mut(|cell| unsafe { cell.cast::<C>().drop_in_place() });
+    }
+
+    /// Frees the allocation of whatever callback type `C` is.
+    ///
+    /// # Safety
+    ///
+    /// As `Entry::<F>::dealloc`.
+    unsafe fn dealloc_any(header: NonNull<Header>) {
+        // SAFETY: the caller's points: our box, unaliased, callback already gone.
+        drop(unsafe { Box::from_raw(header.cast::<Entry<C>>().as_ptr()) });
+    }
+}
+
 /// One counted reference to an entry (ground rule 1).
 pub struct EntryRef(NonNull<Header>);
 
@@ -188,6 +318,42 @@ impl EntryRef {
         });
         let header = NonNull::from(Box::leak(entry)).cast::<Header>();
         (EntryRef(header), EntryRef(header))
+    }
+
+    /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
+    /// `start + n × period`: two references, as [`new`](Self::new).
+    pub(crate) fn new_repeating<F: FnMut() + Send + 'static>(
+        id: TimerId,
+        deadline: u64,
+        start: Instant,
+        period: Duration,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        let entry = Box::new(Entry {
+            header: Header {
+                state: StateWord::new(),
+                refs: AtomicU32::new(2),
+                vtable: &Entry::<Repeat<F>>::REPEATING_VTABLE,
+                id,
+                deadline: AtomicU64::new(deadline),
+                place: UnsafeCell::new(Place::default()),
+                #[cfg(loom)]
+                track: loom::alloc::Track::new(()),
+            },
+            callback: UnsafeCell::new(MaybeUninit::new(Repeat {
+                f: callback,
+                start,
+                period,
+                runs: 0,
+            })),
+        });
+        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
+        (EntryRef(header), EntryRef(header))
+    }
+
+    /// Whether this is a repeating timer.
+    pub(crate) fn is_repeating(&self) -> bool {
+        self.header().vtable.call_again.is_some()
     }
 
     /// The header.
@@ -258,6 +424,13 @@ impl EntryRef {
         if self.header().deadline.load(Ordering::Acquire) > now {
             return Due::Later(self);
         }
+        if self.is_repeating() {
+            return match self.header().state.try_start_run(seen) {
+                Fire::Won => Due::Run(RunningEntry { entry: Some(self) }),
+                Fire::Lost => Due::Cancelled(self),
+                Fire::Moved => Due::Later(self),
+            };
+        }
         match self.header().state.try_fire_seen(seen) {
             Fire::Won => Due::Fired(FiredEntry {
                 entry: self,
@@ -274,6 +447,10 @@ impl EntryRef {
     /// entry also sends the shard one move message through `port` (ground rule 4).
     pub fn reset<S: CancelSink>(&self, deadline: u64, port: &CancelPort<S>) -> bool {
         let header = self.header();
+        if self.is_repeating() {
+            // A repeating timer keeps its fixed rate; nothing to move.
+            return false;
+        }
         if !header.state.begin_reset() {
             return false;
         }
@@ -323,7 +500,7 @@ impl EntryRef {
     /// Pending → Cancelled; the winner drops the callback before returning.
     pub fn try_cancel(&self) -> Cancel {
         let outcome = self.header().state.try_cancel();
-        if let Cancel::Won { .. } = outcome {
+        if let Cancel::Won { running: false, .. } = outcome {
             // SAFETY: the entry is live (we own a reference) and we won Pending →
             // Cancelled, so we own the untaken callback (ground rule 2).
             unsafe { (self.header().vtable.drop_callback)(self.0) };
@@ -335,7 +512,7 @@ impl EntryRef {
     /// Returns whether this call won.
     pub fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> bool {
         match self.try_cancel() {
-            Cancel::Won { filed } => {
+            Cancel::Won { filed, .. } => {
                 if filed {
                     // SAFETY: we won Pending → Cancelled with FILED set, so the shard
                     // behind `port` waits for this message before it exits (ground
@@ -363,8 +540,12 @@ impl EntryRef {
     /// callback.
     pub fn cancel_detached(&self) -> bool {
         let outcome = self.header().state.try_cancel_detached();
-        if let Cancel::Won { filed } = outcome {
+        if let Cancel::Won { filed, running } = outcome {
             debug_assert!(!filed, "a detached entry is never filed");
+            if running {
+                // The runner drops the callback when its run ends.
+                return true;
+            }
             // SAFETY: the entry is live (we own a reference) and we won Pending →
             // Cancelled, so we own the untaken callback (ground rule 2).
             unsafe { (self.header().vtable.drop_callback)(self.0) };
@@ -426,6 +607,87 @@ pub enum Due {
     Later(EntryRef),
     /// A cancel won; its message is on the way (the entry was filed).
     Cancelled(EntryRef),
+    /// A repeating timer's run started: the entry left the wheel with `RUNNING` set.
+    Run(RunningEntry),
+}
+
+/// A repeating timer during one run: holds `RUNNING`, so it alone touches the
+/// callback. [`finish`](Self::finish) ends the run.
+#[derive(Debug)]
+pub struct RunningEntry {
+    /// The service reference; `None` once finished.
+    entry: Option<EntryRef>,
+}
+
+impl RunningEntry {
+    /// The entry.
+    fn entry(&self) -> &EntryRef {
+        self.entry
+            .as_ref()
+            .expect("running entry invariant: not yet finished")
+    }
+
+    /// Runs the callback once, in place. A panic propagates; call
+    /// [`finish`](Self::finish) either way.
+    pub(crate) fn call(&mut self) {
+        let entry = self.entry();
+        let call = entry
+            .header()
+            .vtable
+            .call_again
+            .expect("a running entry is repeating");
+        // SAFETY: the entry is live (we hold a reference) and repeating, and we hold
+        // RUNNING, so the callback is ours and initialised.
+        unsafe { call(entry.0) };
+    }
+
+    /// Counts this run and sets the deadline of the next one (tick `to_tick` of the
+    /// next run's instant); returns the next deadline tick and the runs skipped.
+    pub(crate) fn schedule_next(
+        &mut self,
+        now: Instant,
+        to_tick: impl Fn(Instant) -> u64,
+    ) -> (u64, u64) {
+        let entry = self.entry();
+        let next = entry
+            .header()
+            .vtable
+            .next_run
+            .expect("a running entry is repeating");
+        // SAFETY: as in `call`.
+        let (deadline, skipped) = unsafe { next(entry.0, now) };
+        let tick = deadline.map_or(u64::MAX, to_tick);
+        // ORDERING: Release: published with the entry through the insert ring (and by
+        // `finish_run`'s Release) to the shard's loads.
+        entry.header().deadline.store(tick, Ordering::Release);
+        (tick, skipped)
+    }
+
+    /// Ends the run: the entry back if the timer is still pending (the caller files
+    /// it again); `None` if it was cancelled meanwhile (the callback is then dropped).
+    pub(crate) fn finish(mut self) -> Option<EntryRef> {
+        self.finish_in_place()
+    }
+
+    /// As [`finish`](Self::finish), for `Drop` too.
+    fn finish_in_place(&mut self) -> Option<EntryRef> {
+        let entry = self.entry.take()?;
+        if entry.header().state.finish_run() {
+            return Some(entry);
+        }
+        // SAFETY: live (we hold a reference); a cancel won while we held RUNNING, so it
+        // left the callback to us (ground rule 2), untaken.
+        unsafe { (entry.header().vtable.drop_callback)(entry.0) };
+        None
+    }
+}
+
+impl Drop for RunningEntry {
+    fn drop(&mut self) {
+        // Unfinished (the task was dropped unrun): end the run so the callback is
+        // dropped exactly once, by the canceller's rule or with the last reference.
+        drop(self.finish_in_place());
+    }
 }
 
 /// A message to a shard about an entry it holds.

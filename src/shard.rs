@@ -27,13 +27,13 @@ use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::entry::{
-    Aside, CancelSink, Due, EntryRef, File, FiredEntry, Message, RawEntry, ShardStore,
+    Aside, CancelSink, Due, EntryRef, File, FiredEntry, Message, RawEntry, RunningEntry, ShardStore,
 };
 use crate::executor::{Executor, Task};
 use crate::handle::TimerState;
 use crate::ring::{Cursor, PushError, Ring};
 use crate::sync::{
-    fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Ordering,
+    fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Mutex, Ordering,
     ThreadSlot,
 };
 use crate::wheel::Wheel;
@@ -50,13 +50,70 @@ const FIRE_BATCH: usize = 256;
 /// by these misses).
 const EXPIRE_GROUP: usize = 32;
 
-impl Task for FiredEntry {
+/// What a shard hands the executor.
+#[derive(Debug)]
+pub(crate) enum ShardTask {
+    /// A one-shot timer that fired.
+    Fired(FiredEntry),
+    /// One run of a repeating timer.
+    Run(RunTask),
+}
+
+impl Task for ShardTask {
     fn run(self) {
-        FiredEntry::run(self);
+        match self {
+            ShardTask::Fired(task) => task.run(),
+            ShardTask::Run(task) => task.run(),
+        }
     }
 
     fn touch(&self) {
-        FiredEntry::touch(self);
+        if let ShardTask::Fired(task) = self {
+            task.touch();
+        }
+    }
+}
+
+/// One run of a repeating timer, on an executor thread: run the callback, schedule the
+/// next run at the fixed rate (skipping runs whose slots passed), end the run, and
+/// hand the entry back to its shard. A panic is re-raised after that, so the executor
+/// counts it and the timer keeps going.
+#[derive(Debug)]
+pub(crate) struct RunTask {
+    /// The entry, holding `RUNNING`.
+    running: RunningEntry,
+    /// Its shard, to file the next run.
+    shard: Arc<ShardShared>,
+    /// Ticks ↔ instants.
+    clock: Clock,
+}
+
+impl RunTask {
+    fn run(self) {
+        let RunTask {
+            mut running,
+            shard,
+            clock,
+        } = self;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.call()));
+        let (next, skipped) = running.schedule_next(Instant::now(), |at| clock.instant_to_tick(at));
+        if skipped > 0 {
+            // ORDERING: Relaxed: a statistic.
+            shard.skipped.fetch_add(skipped, Ordering::Relaxed);
+        }
+        if let Some(entry) = running.finish() {
+            if let Err(entry) = shard.push_insert(entry, next) {
+                // The shard has shut down: `shutdown` hands this one back too.
+                shard
+                    .late
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(entry);
+            }
+        }
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
     }
 }
 
@@ -142,6 +199,12 @@ pub struct ShardShared {
     thread: ThreadSlot,
     /// Counters written by the shard thread.
     pub stats: CachePadded<ShardStats>,
+    /// Runs of repeating timers skipped because they fell a whole period behind;
+    /// written by executor threads (Relaxed `fetch_add`), exact at quiescence.
+    pub(crate) skipped: AtomicU64,
+    /// Repeating timers whose next run could not be filed because the shard had shut
+    /// down; `shutdown` hands them back.
+    late: Mutex<Vec<EntryRef>>,
 }
 
 /// What the shard thread holds: its wheel and the entries it keeps aside.
@@ -166,7 +229,7 @@ pub(crate) struct ShardThread {
     /// Ticks ↔ instants.
     clock: Clock,
     /// Where fired timers go.
-    executor: Executor<FiredEntry>,
+    executor: Executor<ShardTask>,
     /// Room freed on fire, when the service has a limit.
     limit: Option<Arc<PendingLimit>>,
 }
@@ -193,6 +256,8 @@ impl ShardShared {
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
+            skipped: AtomicU64::new(0),
+            late: Mutex::new(Vec::new()),
         });
         let cursors = Cursors {
             insert: insert_seed.cursor(&shared.insert),
@@ -291,6 +356,11 @@ impl ShardShared {
         self.thread.unpark();
     }
 
+    /// Takes the repeating timers that came back after the shard shut down.
+    pub(crate) fn take_late(&self) -> Vec<EntryRef> {
+        core::mem::take(&mut *self.late.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Asks the shard to shut down and wakes it.
     pub fn request_stop(&self) {
         // ORDERING: Release pairs with the shard's Acquire load in its loop; the
@@ -353,7 +423,7 @@ impl ShardThread {
         shared: Arc<ShardShared>,
         cursors: Cursors,
         clock: Clock,
-        executor: Executor<FiredEntry>,
+        executor: Executor<ShardTask>,
         limit: Option<Arc<PendingLimit>>,
     ) -> Self {
         ShardThread {
@@ -379,7 +449,7 @@ impl ShardThread {
             aside: 0,
             detached_moves: 0,
         };
-        let mut fired = Vec::with_capacity(FIRE_BATCH);
+        let mut fired: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
         let mut due = Vec::with_capacity(EXPIRE_GROUP);
         let mut refile = Vec::new();
         loop {
@@ -428,7 +498,7 @@ impl ShardThread {
         store: &mut ShardStore,
         now: u64,
         due: &mut Vec<RawEntry>,
-        fired: &mut Vec<FiredEntry>,
+        fired: &mut Vec<ShardTask>,
         refile: &mut Vec<RawEntry>,
         aside: &mut usize,
     ) {
@@ -440,13 +510,26 @@ impl ShardThread {
                     if let Some(limit) = &self.limit {
                         limit.release();
                     }
-                    fired.push(task);
+                    fired.push(ShardTask::Fired(task));
                     if fired.len() == FIRE_BATCH {
                         self.executor
                             .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
                     }
                 }
                 Due::Later(entry) => refile.push(store.release(entry)),
+                Due::Run(running) => {
+                    // A repeating timer's run: it stays pending (no room freed).
+                    ShardStats::bump(&self.shared.stats.fired, 1);
+                    fired.push(ShardTask::Run(RunTask {
+                        running,
+                        shard: self.shared.clone(),
+                        clock: self.clock,
+                    }));
+                    if fired.len() == FIRE_BATCH {
+                        self.executor
+                            .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
+                    }
+                }
                 Due::Cancelled(entry) => {
                     // Cancelled while filed: its message is on the way, and the
                     // wheel's reference stays until it arrives (ground rule 4).

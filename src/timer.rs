@@ -7,11 +7,11 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
-use crate::entry::{EntryRef, FiredEntry};
+use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
 use crate::handle::{TimerHandle, TimerId, Unfired};
-use crate::shard::{PendingLimit, ShardShared, ShardThread};
+use crate::shard::{PendingLimit, ShardShared, ShardTask, ShardThread};
 use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
 
 /// Default slots per ring.
@@ -40,6 +40,8 @@ pub struct Stats {
     pub cancelled: u64,
     /// Callbacks that panicked (caught; the executor lives on).
     pub panicked: u64,
+    /// Runs of repeating timers skipped because they fell a whole period behind.
+    pub skipped: u64,
 }
 
 /// Configuration of a [`ShardedTimer`]; see each method for its default.
@@ -182,8 +184,9 @@ impl Builder {
         let limit = self
             .max_pending
             .map(|limit| Arc::new(PendingLimit::new(limit)));
-        let (executor, worker_threads) = Executor::<FiredEntry>::start(workers, &self.thread_name)
-            .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
+        let (executor, worker_threads) =
+            Executor::<ShardTask>::start(workers, &self.thread_name)
+                .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
         let cores = if self.pin_cores && !cfg!(loom) {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {
@@ -256,7 +259,7 @@ impl Threads {
     /// Joins the shards (already asked to stop), then stops and joins the executor,
     /// skipping the calling thread if it is one of the workers. Returns the pending
     /// timers.
-    fn join(self, executor: &Executor<FiredEntry>, caller_is_worker: bool) -> Vec<EntryRef> {
+    fn join(self, executor: &Executor<ShardTask>, caller_is_worker: bool) -> Vec<EntryRef> {
         let mut pending = Vec::new();
         for shard in self.shards {
             match shard.join() {
@@ -287,7 +290,7 @@ struct Inner {
     /// Set when shutdown starts; `schedule` then fails. Written Release, read Acquire.
     stopped: AtomicBool,
     /// The callback pool.
-    executor: Executor<FiredEntry>,
+    executor: Executor<ShardTask>,
     /// The threads, taken by the first shutdown.
     threads: Mutex<Option<Threads>>,
     /// The configured tick, for `Debug`.
@@ -317,8 +320,16 @@ impl Inner {
         for shard in self.shards.iter() {
             shard.request_stop();
         }
-        let pending = threads.join(&self.executor, caller_is_worker);
+        let mut pending = threads.join(&self.executor, caller_is_worker);
         drop(guard);
+        // Repeating timers whose run ended after their shard stopped come back too.
+        for shard in self.shards.iter() {
+            for entry in shard.take_late() {
+                if entry.detach().state() == crate::TimerState::Pending {
+                    pending.push(entry);
+                }
+            }
+        }
         pending
             .into_iter()
             .map(|entry| {
@@ -435,6 +446,77 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
+        self.enqueue(deadline, |id| EntryRef::new(id, deadline, f))
+    }
+
+    /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
+    /// is due at `now + n × period` (n = 1, 2, …), so delays do not accumulate.
+    ///
+    /// Runs never overlap: the next run is filed only after the previous one returns.
+    /// A run that ends a whole period or more behind skips the runs whose slots have
+    /// passed (counted in [`Stats::skipped`]) rather than run them back to back. The
+    /// handle stays [`Pending`](crate::TimerState::Pending) until cancelled;
+    /// [`cancel`](TimerHandle::cancel) stops every later run (a run already under way
+    /// finishes). A panic in one run is counted in [`Stats::panicked`] and the timer
+    /// keeps going. [`TimerHandle::reset`] returns `false` for a repeating timer: it
+    /// keeps its rate. A `period` shorter than the tick (including zero) runs once per
+    /// tick; `Duration::MAX` saturates (it never runs). At shutdown a repeating timer
+    /// comes back as an [`Unfired`] whose `run` makes one last run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// let timer = sharded_timer::ShardedTimer::new();
+    /// let beats = Arc::new(AtomicUsize::new(0));
+    /// let counter = beats.clone();
+    /// let heartbeat = timer
+    ///     .schedule_repeating(Duration::from_millis(2), move || {
+    ///         counter.fetch_add(1, Ordering::SeqCst);
+    ///     })
+    ///     .unwrap();
+    /// while beats.load(Ordering::SeqCst) < 3 {
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert!(heartbeat.cancel());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule`](Self::schedule).
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn schedule_repeating<F>(
+        &self,
+        period: Duration,
+        f: F,
+    ) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        let period = period.max(self.inner.tick);
+        let start = Instant::now();
+        let deadline = match start.checked_add(period) {
+            Some(first) => self.inner.clock.instant_to_tick(first),
+            None => u64::MAX,
+        };
+        self.enqueue(deadline, |id| {
+            EntryRef::new_repeating(id, deadline, start, period, f)
+        })
+    }
+
+    /// Checks the service is up and has room, makes the entry (`make` gets its id),
+    /// routes it by the hash of its id and pushes it to that shard's ring.
+    fn enqueue(
+        &self,
+        deadline: u64,
+        make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
+    ) -> Result<TimerHandle, ScheduleError> {
         let inner = &*self.inner;
         // ORDERING: Acquire pairs with the Release store in `shut_down`; a stale
         // `false` is caught by the closed ring below.
@@ -450,7 +532,7 @@ impl ShardedTimer {
         }
         let id = TimerId::next();
         let shard = &inner.shards[id.shard_index(inner.shards.len())];
-        let (handle_ref, service_ref) = EntryRef::new(id, deadline, f);
+        let (handle_ref, service_ref) = make(id);
         if let Err(service_ref) = shard.push_insert(service_ref, deadline) {
             // The shard has shut down: nobody else has seen this entry; dropping both
             // references drops the callback.
@@ -487,6 +569,13 @@ impl ShardedTimer {
             .scheduled
             .saturating_sub(stats.fired + stats.cancelled);
         stats.panicked = self.inner.executor.panicked();
+        stats.skipped = self
+            .inner
+            .shards
+            .iter()
+            // ORDERING: Relaxed: a statistic, exact at quiescence.
+            .map(|shard| shard.skipped.load(Ordering::Relaxed))
+            .sum();
         stats
     }
 

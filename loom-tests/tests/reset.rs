@@ -76,6 +76,7 @@ fn a_later_reset_is_never_overtaken_by_expiry_at_the_old_deadline() {
                     }
                 }
                 sharded_timer::__loom::Due::Cancelled(_) => panic!("nobody cancels here"),
+                sharded_timer::__loom::Due::Run(_) => unreachable!("a one-shot timer"),
             }
         }
         let reset_won = resetter.join().unwrap();
@@ -157,6 +158,7 @@ fn an_earlier_reset_racing_cancel_and_expiry_resolves_once_and_leaves_no_message
                         place = Where::AsideForCancel;
                         progressed = true;
                     }
+                    sharded_timer::__loom::Due::Run(_) => unreachable!("a one-shot timer"),
                 }
             }
             if place == Where::AsideForCancel {

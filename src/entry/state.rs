@@ -9,7 +9,8 @@
 //! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel it |
 //! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not fire meanwhile |
 //! | 5 | `MOVING`: a reset moved a filed entry earlier and its move message is outstanding |
-//! | 6–31 | reset sequence: bumped by every reset, so a fire CAS that read an older word fails |
+//! | 6 | `RUNNING`: a repeating timer's callback is running on the executor (out of the wheel) |
+//! | 7–31 | reset sequence: bumped by every reset, so a fire CAS that read an older word fails |
 //!
 //! # States
 //!
@@ -23,6 +24,11 @@
 //! | Pending | Pending +RESETTING, sequence + 1 | a handle's `reset` ([`StateWord::begin_reset`]) | unchanged |
 //! | Pending +RESETTING | −RESETTING (+MOVING if earlier and filed) | the same `reset` ([`StateWord::finish_reset`]) | unchanged |
 //! | — | −MOVING | the shard, processing the move message ([`StateWord::clear_moving`]) | unchanged |
+//! | Pending (+FILED) | Pending +RUNNING −FILED | the shard, a repeating timer's run ([`StateWord::try_start_run`]) | the runner, until `finish_run` |
+//! | Pending/Cancelled +RUNNING | −RUNNING | the runner ([`StateWord::finish_run`]) | the entry again (Pending), or the runner drops it (Cancelled) |
+//!
+//! A cancel that wins while `RUNNING` is set leaves the callback to the runner, which
+//! drops it after the run.
 //!
 //! A reset stores the new deadline between `begin_reset` and `finish_reset`. The
 //! shard fires only with [`StateWord::try_fire_seen`]: it loads the word, then the
@@ -58,8 +64,10 @@ const DETACHED: u32 = 0b1000;
 const RESETTING: u32 = 1 << 4;
 /// Set while a move message is outstanding.
 const MOVING: u32 = 1 << 5;
-/// One step of the reset sequence (bits 6–31, wrapping).
-const SEQUENCE_ONE: u32 = 1 << 6;
+/// Set while a repeating timer's callback runs.
+const RUNNING: u32 = 1 << 6;
+/// One step of the reset sequence (bits 7–31, wrapping).
+const SEQUENCE_ONE: u32 = 1 << 7;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -101,10 +109,13 @@ impl core::fmt::Debug for Snapshot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cancel {
     /// This call moved Pending → Cancelled. `filed` says whether the entry was in its
-    /// shard's wheel at that moment (so the shard must be told).
+    /// shard's wheel at that moment (so the shard must be told); `running` whether a
+    /// repeating timer's run was under way (so the runner drops the callback).
     Won {
         /// `FILED` was set when the CAS succeeded.
         filed: bool,
+        /// `RUNNING` was set when the CAS succeeded.
+        running: bool,
     },
     /// Expiry or an earlier cancel won; the state found.
     Lost(TimerState),
@@ -198,6 +209,7 @@ impl StateWord {
                 Ok(_) => {
                     return Cancel::Won {
                         filed: current & FILED != 0,
+                        running: current & RUNNING != 0,
                     }
                 }
                 Err(actual) => current = actual,
@@ -249,6 +261,41 @@ impl StateWord {
             Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
             Err(_) => Fire::Moved,
         }
+    }
+
+    /// The shard starts a repeating timer's run: like [`try_fire_seen`](Self::try_fire_seen)
+    /// but Pending stays, `FILED` clears (the entry leaves the wheel for the run) and
+    /// `RUNNING` sets. `Won` means the caller now owns the callback until
+    /// [`finish_run`](Self::finish_run).
+    pub(crate) fn try_start_run(&self, seen: Snapshot) -> Fire {
+        if seen.0 & STATE_MASK != PENDING {
+            return Fire::Lost;
+        }
+        if seen.0 & (RESETTING | MOVING | RUNNING) != 0 {
+            return Fire::Moved;
+        }
+        // ORDERING: success AcqRel, as in `try_fire`: the runner takes the callback.
+        // Failure Relaxed: the caller reloads.
+        match self.0.compare_exchange(
+            seen.0,
+            (seen.0 & !FILED) | RUNNING,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => Fire::Won,
+            Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
+            Err(_) => Fire::Moved,
+        }
+    }
+
+    /// The runner ends a run: clears `RUNNING`. Returns whether the timer is still
+    /// pending (then the runner files it again); if it was cancelled meanwhile, the
+    /// runner owns the callback and drops it.
+    pub(crate) fn finish_run(&self) -> bool {
+        // ORDERING: AcqRel: Release hands the callback (mutated by the run) to whoever
+        // takes it next; Acquire orders the runner after a cancel that won meanwhile.
+        let before = self.0.fetch_and(!RUNNING, Ordering::AcqRel);
+        before & STATE_MASK == PENDING
     }
 
     /// A handle's reset, first half: Pending (not detached) → Pending + RESETTING with
@@ -367,7 +414,13 @@ mod tests {
     #[test]
     fn cancel_then_fire_cancel_wins_once() {
         let word = StateWord::new();
-        assert_eq!(word.try_cancel(), Cancel::Won { filed: false });
+        assert_eq!(
+            word.try_cancel(),
+            Cancel::Won {
+                filed: false,
+                running: false
+            }
+        );
         assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Cancelled));
         assert_eq!(word.try_fire(), Fire::Lost);
         assert_eq!(word.mark_filed(), File::AlreadyCancelled);
@@ -388,7 +441,13 @@ mod tests {
     fn filed_flag_reaches_the_canceller() {
         let word = StateWord::new();
         assert_eq!(word.mark_filed(), File::Filed);
-        assert_eq!(word.try_cancel(), Cancel::Won { filed: true });
+        assert_eq!(
+            word.try_cancel(),
+            Cancel::Won {
+                filed: true,
+                running: false
+            }
+        );
         assert_eq!(word.detach().state(), TimerState::Cancelled);
     }
 
@@ -398,7 +457,13 @@ mod tests {
         assert_eq!(word.mark_filed(), File::Filed);
         assert!(word.detach().is_filed());
         assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Pending));
-        assert_eq!(word.try_cancel_detached(), Cancel::Won { filed: false });
+        assert_eq!(
+            word.try_cancel_detached(),
+            Cancel::Won {
+                filed: false,
+                running: false
+            }
+        );
         let word = StateWord::new();
         let _ = word.detach();
         assert_eq!(

@@ -1,0 +1,178 @@
+//! `schedule_repeating`: fixed rate without drift, no overlap, skipped runs counted,
+//! panics survived, cancel stops later runs.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sharded_timer::TimerState;
+use support::{small_timer, wait_until, WAIT};
+
+/// Lateness allowed per run on a slow, shared CI machine. It must not grow with the
+/// run number: that is what "no cumulative drift" means.
+const LATE: Duration = Duration::from_millis(250);
+
+#[test]
+fn a_50ms_timer_runs_10_times_without_drift_and_never_after_cancel() {
+    let timer = small_timer();
+    let period = Duration::from_millis(50);
+    let runs: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let start = Instant::now();
+    let recorded = runs.clone();
+    let handle = timer
+        .schedule_repeating(period, move || {
+            recorded.lock().unwrap().push(Instant::now())
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || runs.lock().unwrap().len() >= 10));
+    let cancelled_at = Instant::now();
+    assert!(handle.cancel());
+    assert_eq!(handle.state(), TimerState::Cancelled);
+    std::thread::sleep(Duration::from_millis(200));
+    let runs = runs.lock().unwrap().clone();
+    assert!(runs.len() <= 11, "{} runs", runs.len());
+    for (k, &ran) in runs.iter().enumerate() {
+        let due = start + period * (k as u32 + 1);
+        assert!(ran >= due, "run {} early", k + 1);
+        assert!(
+            ran < due + LATE,
+            "run {} drifted {:?} late",
+            k + 1,
+            ran - due
+        );
+        assert!(
+            ran < cancelled_at,
+            "run {} started after cancel returned",
+            k + 1
+        );
+    }
+    let tenth = runs[9] - start;
+    assert!(
+        tenth >= Duration::from_millis(500) && tenth < Duration::from_millis(500) + LATE,
+        "10 runs took {tenth:?}"
+    );
+}
+
+#[test]
+fn runs_never_overlap_and_runs_that_fall_behind_are_skipped_and_counted() {
+    let timer = small_timer();
+    let running = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let count = Arc::new(AtomicUsize::new(0));
+    let (r, o, c) = (running.clone(), overlaps.clone(), count.clone());
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(5), move || {
+            if r.swap(true, Ordering::SeqCst) {
+                o.fetch_add(1, Ordering::SeqCst);
+            }
+            std::thread::sleep(Duration::from_millis(17)); // longer than the period
+            c.fetch_add(1, Ordering::SeqCst);
+            r.store(false, Ordering::SeqCst);
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || count.load(Ordering::SeqCst) >= 5));
+    assert!(handle.cancel());
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two runs overlapped");
+    assert!(
+        wait_until(WAIT, || timer.stats().skipped > 0),
+        "missed slots were not counted: {:?}",
+        timer.stats()
+    );
+}
+
+#[test]
+fn a_panic_in_one_run_is_counted_and_the_timer_keeps_going() {
+    let timer = small_timer();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(2), move || {
+            if c.fetch_add(1, Ordering::SeqCst) == 1 {
+                panic!("second run panics on purpose");
+            }
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || count.load(Ordering::SeqCst) >= 5));
+    assert!(handle.cancel());
+    assert!(wait_until(WAIT, || timer.stats().panicked == 1));
+    assert_eq!(handle.state(), TimerState::Cancelled);
+}
+
+#[test]
+fn reset_is_refused_and_dropping_the_handle_does_not_stop_it() {
+    let timer = small_timer();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(2), move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    assert!(
+        !handle.reset(Duration::from_secs(1)),
+        "a repeating timer keeps its rate"
+    );
+    assert_eq!(handle.state(), TimerState::Pending);
+    drop(handle);
+    let seen = count.load(Ordering::SeqCst);
+    assert!(wait_until(WAIT, || count.load(Ordering::SeqCst) >= seen + 3));
+}
+
+#[test]
+fn shutdown_hands_a_repeating_timer_back_once_and_its_run_makes_one_last_run() {
+    let timer = small_timer();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(1), move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || count.load(Ordering::SeqCst) >= 3));
+    let unfired = timer.shutdown();
+    assert_eq!(
+        unfired.len(),
+        1,
+        "the repeating timer comes back exactly once"
+    );
+    let before = count.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        before,
+        "no run after shutdown"
+    );
+    assert!(!handle.cancel(), "it belongs to its Unfired");
+    unfired.into_iter().next().unwrap().run();
+    assert_eq!(count.load(Ordering::SeqCst), before + 1);
+    assert_eq!(handle.state(), TimerState::Fired);
+}
+
+#[test]
+fn a_cancel_during_a_run_drops_the_callback_after_it() {
+    let timer = small_timer();
+    let drops = support::DropCounter::default();
+    let token = drops.token();
+    let started = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(1), move || {
+            let _keep = &token;
+            s.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || started.load(Ordering::SeqCst)));
+    assert!(handle.cancel(), "cancel wins while a run is under way");
+    assert_eq!(
+        drops.dropped(),
+        0,
+        "the running callback is not dropped under it"
+    );
+    assert!(
+        wait_until(WAIT, || drops.dropped() == 1),
+        "dropped once the run ends"
+    );
+}
