@@ -322,7 +322,7 @@ impl EntryRef {
 
     /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
     /// `start + n × period`: two references, as [`new`](Self::new).
-    pub(crate) fn new_repeating<F: FnMut() + Send + 'static>(
+    pub fn new_repeating<F: FnMut() + Send + 'static>(
         id: TimerId,
         deadline: u64,
         start: Instant,
@@ -627,9 +627,13 @@ impl RunningEntry {
             .expect("running entry invariant: not yet finished")
     }
 
-    /// Runs the callback once, in place. A panic propagates; call
-    /// [`finish`](Self::finish) either way.
-    pub(crate) fn call(&mut self) {
+    /// Runs the callback once, in place. Call [`finish`](Self::finish) either way.
+    ///
+    /// # Panics
+    ///
+    /// If the callback panics (the panic propagates). The `expect`s inside cannot fire:
+    /// a `RunningEntry` is always an unfinished repeating entry.
+    pub fn call(&mut self) {
         let entry = self.entry();
         let call = entry
             .header()
@@ -643,11 +647,11 @@ impl RunningEntry {
 
     /// Counts this run and sets the deadline of the next one (tick `to_tick` of the
     /// next run's instant); returns the next deadline tick and the runs skipped.
-    pub(crate) fn schedule_next(
-        &mut self,
-        now: Instant,
-        to_tick: impl Fn(Instant) -> u64,
-    ) -> (u64, u64) {
+    ///
+    /// # Panics
+    ///
+    /// Never: a `RunningEntry` is always an unfinished repeating entry.
+    pub fn schedule_next(&mut self, now: Instant, to_tick: impl Fn(Instant) -> u64) -> (u64, u64) {
         let entry = self.entry();
         let next = entry
             .header()
@@ -665,7 +669,7 @@ impl RunningEntry {
 
     /// Ends the run: the entry back if the timer is still pending (the caller files
     /// it again); `None` if it was cancelled meanwhile (the callback is then dropped).
-    pub(crate) fn finish(mut self) -> Option<EntryRef> {
+    pub fn finish(mut self) -> Option<EntryRef> {
         self.finish_in_place()
     }
 

@@ -138,7 +138,7 @@ pub use future::{Elapsed, Sleep, Timeout};
 pub mod __loom {
     pub use crate::entry::{
         shard_store, Cancel, CancelPort, CancelSink, Due, EntryRef, File, FiredEntry, Message,
-        RawEntry, ShardStore, Snapshot,
+        RawEntry, RunningEntry, ShardStore, Snapshot,
     };
     pub use crate::executor::{Executor, Task};
     pub use crate::ring::{Cursor, CursorSeed, PushError, Ring};
