@@ -22,6 +22,11 @@
 //! tick, fires due timers, hands their callbacks to a work-stealing pool in batches,
 //! and parks until its next expiry: an idle service makes no wakeups.
 //!
+//! Beyond one-shot timers: [`TimerHandle::reset`] moves a pending timer (later is one
+//! atomic store, for keepalives), [`ShardedTimer::schedule_repeating`] runs a callback
+//! at a fixed rate without drift, and [`ShardedTimer::sleep`] / [`ShardedTimer::timeout`]
+//! are futures for any executor.
+//!
 //! # Guarantees
 //!
 //! 1. **Never early.** A callback starts at or after its deadline, measured with
