@@ -78,10 +78,7 @@ fn rearm(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1));
+    config = peers::criterion_config();
     targets = rearm
 }
 criterion_main!(benches);

@@ -17,7 +17,6 @@
 mod peers;
 
 use std::hint::black_box;
-use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use peers::{fill, on_threads, spread_delay, Kind};
@@ -51,10 +50,7 @@ fn schedule(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1));
+    config = peers::criterion_config();
     targets = schedule
 }
 criterion_main!(benches);

@@ -145,8 +145,8 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
     /// The vtable for callbacks of type `F`.
     const VTABLE: Vtable = Vtable {
         run: Self::run,
-        drop_callback: Self::drop_callback,
-        dealloc: Self::dealloc,
+        drop_callback: Entry::<F>::drop_callback_any,
+        dealloc: Entry::<F>::dealloc_any,
         call_again: None,
         next_run: None,
     };
@@ -164,30 +164,6 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
             .callback
             .with(|cell| unsafe { cell.cast::<F>().read() });
         callback();
-    }
-
-    /// # Safety
-    ///
-    /// - `header` points to a live `Entry<F>`.
-    /// - The caller won Pending → Cancelled (or holds the last reference of a
-    ///   Pending entry) and the callback has not been taken.
-    unsafe fn drop_callback(header: NonNull<Header>) {
-        // SAFETY: `header` points to a live `Entry<F>` (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<F>>().as_ref() };
-        // SAFETY: exclusive and initialised (the caller's second point); dropped once.
-        entry
-            .callback
-            .with_mut(|cell| unsafe { cell.cast::<F>().drop_in_place() });
-    }
-
-    /// # Safety
-    ///
-    /// - `header` came from `Box::<Entry<F>>::into_raw` in `EntryRef::new`.
-    /// - No other reference remains, and the callback has been run or dropped.
-    unsafe fn dealloc(header: NonNull<Header>) {
-        // SAFETY: the caller's points: it is our box, unaliased; `MaybeUninit` does not
-        // drop the (already gone) callback.
-        drop(unsafe { Box::from_raw(header.cast::<Entry<F>>().as_ptr()) });
     }
 }
 
@@ -261,11 +237,13 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
 }
 
 impl<C> Entry<C> {
-    /// Drops whatever callback type `C` is.
+    /// Drops the callback in place.
     ///
     /// # Safety
     ///
-    /// As `Entry::<F>::drop_callback`.
+    /// - `header` points to a live `Entry<C>`.
+    /// - The caller won Pending → Cancelled (or holds the last reference of a Pending
+    ///   entry, or ended a run that a cancel won) and the callback has not been taken.
     unsafe fn drop_callback_any(header: NonNull<Header>) {
         // SAFETY: live (the caller's first point).
         let entry = unsafe { header.cast::<Entry<C>>().as_ref() };
@@ -275,11 +253,13 @@ impl<C> Entry<C> {
             .with_mut(|cell| unsafe { cell.cast::<C>().drop_in_place() });
     }
 
-    /// Frees the allocation of whatever callback type `C` is.
+    /// Frees the allocation.
     ///
     /// # Safety
     ///
-    /// As `Entry::<F>::dealloc`.
+    /// - `header` came from the box leaked in `EntryRef::allocate`.
+    /// - No other reference remains, and the callback has been run or dropped
+    ///   (`MaybeUninit` does not drop it again).
     unsafe fn dealloc_any(header: NonNull<Header>) {
         // SAFETY: the caller's points: our box, unaliased, callback already gone.
         drop(unsafe { Box::from_raw(header.cast::<Entry<C>>().as_ptr()) });
@@ -303,11 +283,21 @@ impl EntryRef {
         deadline: u64,
         callback: F,
     ) -> (EntryRef, EntryRef) {
+        Self::allocate(id, deadline, &Entry::<F>::VTABLE, callback)
+    }
+
+    /// One allocation holding the header and `callback`, with two references.
+    fn allocate<C>(
+        id: TimerId,
+        deadline: u64,
+        vtable: &'static Vtable,
+        callback: C,
+    ) -> (EntryRef, EntryRef) {
         let entry = Box::new(Entry {
             header: Header {
                 state: StateWord::new(),
                 refs: AtomicU32::new(2),
-                vtable: &Entry::<F>::VTABLE,
+                vtable,
                 id,
                 deadline: AtomicU64::new(deadline),
                 place: UnsafeCell::new(Place::default()),
@@ -329,26 +319,13 @@ impl EntryRef {
         period: Duration,
         callback: F,
     ) -> (EntryRef, EntryRef) {
-        let entry = Box::new(Entry {
-            header: Header {
-                state: StateWord::new(),
-                refs: AtomicU32::new(2),
-                vtable: &Entry::<Repeat<F>>::REPEATING_VTABLE,
-                id,
-                deadline: AtomicU64::new(deadline),
-                place: UnsafeCell::new(Place::default()),
-                #[cfg(loom)]
-                track: loom::alloc::Track::new(()),
-            },
-            callback: UnsafeCell::new(MaybeUninit::new(Repeat {
-                f: callback,
-                start,
-                period,
-                runs: 0,
-            })),
-        });
-        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
-        (EntryRef(header), EntryRef(header))
+        let repeat = Repeat {
+            f: callback,
+            start,
+            period,
+            runs: 0,
+        };
+        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
     }
 
     /// Whether this is a repeating timer.

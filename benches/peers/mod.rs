@@ -147,6 +147,15 @@ pub(crate) fn pin_producer(index: usize) {
     }
 }
 
+/// The criterion settings the comparing benches share: short, since each group has
+/// many peers and sizes; medians over 10 samples.
+pub(crate) fn criterion_config() -> criterion::Criterion {
+    criterion::Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+}
+
 /// A delay in 1 s..60 s, spread by index.
 pub(crate) fn spread_delay(i: u64) -> Duration {
     Duration::from_millis(1_000 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 59_000)

@@ -243,24 +243,7 @@ impl StateWord {
     /// The shard's Pending → Fired, only if the word is still `seen` (the value it
     /// loaded before reading the deadline) and no reset or move is under way.
     pub(crate) fn try_fire_seen(&self, seen: Snapshot) -> Fire {
-        if seen.0 & STATE_MASK != PENDING {
-            return Fire::Lost;
-        }
-        if seen.0 & (RESETTING | MOVING) != 0 {
-            return Fire::Moved;
-        }
-        // ORDERING: success AcqRel, as in `try_fire`. Failure Relaxed: the caller only
-        // learns that the word changed (a cancel or a reset) and reloads.
-        match self.0.compare_exchange(
-            seen.0,
-            (seen.0 & !STATE_MASK) | FIRED,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => Fire::Won,
-            Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
-            Err(_) => Fire::Moved,
-        }
+        self.claim_seen(seen, RESETTING | MOVING, (seen.0 & !STATE_MASK) | FIRED)
     }
 
     /// The shard starts a repeating timer's run: like [`try_fire_seen`](Self::try_fire_seen)
@@ -268,20 +251,29 @@ impl StateWord {
     /// `RUNNING` sets. `Won` means the caller now owns the callback until
     /// [`finish_run`](Self::finish_run).
     pub(crate) fn try_start_run(&self, seen: Snapshot) -> Fire {
+        self.claim_seen(
+            seen,
+            RESETTING | MOVING | RUNNING,
+            (seen.0 & !FILED) | RUNNING,
+        )
+    }
+
+    /// One CAS from exactly `seen` (Pending, none of `busy` set) to `new`: the shard's
+    /// claim of the callback after checking the deadline it read after `seen`.
+    fn claim_seen(&self, seen: Snapshot, busy: u32, new: u32) -> Fire {
         if seen.0 & STATE_MASK != PENDING {
             return Fire::Lost;
         }
-        if seen.0 & (RESETTING | MOVING | RUNNING) != 0 {
+        if seen.0 & busy != 0 {
             return Fire::Moved;
         }
-        // ORDERING: success AcqRel, as in `try_fire`: the runner takes the callback.
-        // Failure Relaxed: the caller reloads.
-        match self.0.compare_exchange(
-            seen.0,
-            (seen.0 & !FILED) | RUNNING,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
+        // ORDERING: success AcqRel, as in `try_fire`: the winner takes the callback.
+        // Failure Relaxed: the caller only learns that the word changed (a cancel, a
+        // reset) and re-files or gives up.
+        match self
+            .0
+            .compare_exchange(seen.0, new, Ordering::AcqRel, Ordering::Relaxed)
+        {
             Ok(_) => Fire::Won,
             Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
             Err(_) => Fire::Moved,

@@ -44,14 +44,7 @@ impl Tracker {
         base: Instant,
         span: std::time::Duration,
     ) -> &'static Tracker {
-        Box::leak(Box::new(Tracker {
-            slots: (0..timers).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
-            early: AtomicU64::new(0),
-            duplicated: AtomicU64::new(0),
-            base,
-            span,
-            rearmed_ns: Vec::new(),
-        }))
+        Self::build(timers, base, span, 0)
     }
 
     /// A tracker that also keeps each timer's last re-arm time (`keepalive`).
@@ -60,13 +53,23 @@ impl Tracker {
         base: Instant,
         span: std::time::Duration,
     ) -> &'static Tracker {
+        Self::build(timers, base, span, timers)
+    }
+
+    /// A leaked tracker with `rearms` re-arm slots.
+    fn build(
+        timers: usize,
+        base: Instant,
+        span: std::time::Duration,
+        rearms: usize,
+    ) -> &'static Tracker {
         Box::leak(Box::new(Tracker {
             slots: (0..timers).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
             early: AtomicU64::new(0),
             duplicated: AtomicU64::new(0),
             base,
             span,
-            rearmed_ns: (0..timers).map(|_| AtomicU64::new(0)).collect(),
+            rearmed_ns: (0..rearms).map(|_| AtomicU64::new(0)).collect(),
         }))
     }
 
