@@ -91,6 +91,24 @@ struct Row {
     spread: String,
 }
 
+impl Row {
+    /// A peer's row: its rate, and lateness percentiles and early fires from its slots.
+    fn new(kind: Kind, rate: f64, histogram: &Histogram<u64>, slots: &Slots) -> Row {
+        Row {
+            peer: kind.name(),
+            rate,
+            lateness: [
+                histogram.value_at_quantile(0.5),
+                histogram.value_at_quantile(0.99),
+                histogram.value_at_quantile(0.999),
+                histogram.max(),
+            ],
+            early: slots.early.load(Ordering::Relaxed),
+            spread: String::new(),
+        }
+    }
+}
+
 fn wait_for(fired: impl Fn() -> u64, target: u64, limit: Duration) {
     let start = Instant::now();
     while fired() < target && start.elapsed() < limit {
@@ -151,18 +169,12 @@ fn rpc(kind: Kind) -> Row {
     let (histogram, _) = slots.histogram();
     drop(background);
     drop(peer);
-    Row {
-        peer: kind.name(),
-        rate: REQUESTS as f64 / elapsed.as_secs_f64(),
-        lateness: [
-            histogram.value_at_quantile(0.5),
-            histogram.value_at_quantile(0.99),
-            histogram.value_at_quantile(0.999),
-            histogram.max(),
-        ],
-        early: slots.early.load(Ordering::Relaxed),
-        spread: String::new(),
-    }
+    Row::new(
+        kind,
+        REQUESTS as f64 / elapsed.as_secs_f64(),
+        &histogram,
+        slots,
+    )
 }
 
 fn burst(kind: Kind) -> Row {
@@ -185,18 +197,7 @@ fn burst(kind: Kind) -> Row {
     let (histogram, fired) = slots.histogram();
     drop(peer);
     let drain = Duration::from_micros(histogram.max().max(1));
-    Row {
-        peer: kind.name(),
-        rate: fired as f64 / drain.as_secs_f64(),
-        lateness: [
-            histogram.value_at_quantile(0.5),
-            histogram.value_at_quantile(0.99),
-            histogram.value_at_quantile(0.999),
-            histogram.max(),
-        ],
-        early: slots.early.load(Ordering::Relaxed),
-        spread: String::new(),
-    }
+    Row::new(kind, fired as f64 / drain.as_secs_f64(), &histogram, slots)
 }
 
 fn bytes_per_pending(kind: Kind) -> f64 {

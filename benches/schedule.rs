@@ -18,34 +18,13 @@ mod peers;
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use peers::{fill, on_threads, spread_delay, Kind};
-
-const SIZES: [usize; 3] = [1_000, 1_000_000, 10_000_000];
-const THREADS: [usize; 3] = [1, 2, 4];
+use criterion::{criterion_group, criterion_main, Criterion};
+use peers::spread_delay;
 
 fn schedule(c: &mut Criterion) {
-    let mut group = c.benchmark_group("schedule");
-    group.throughput(Throughput::Elements(1));
-    for pending in SIZES {
-        for kind in Kind::ALL {
-            let peer = kind.start();
-            let resident = fill(&peer, pending, 2);
-            for threads in THREADS {
-                let id = BenchmarkId::new(format!("{}/{threads}t", kind.name()), pending);
-                group.bench_function(id, |b| {
-                    b.iter_custom(|iters| {
-                        on_threads(threads, iters, |i| {
-                            black_box(peer.schedule(spread_delay(i), || {}));
-                        })
-                    });
-                });
-            }
-            drop(resident);
-            drop(peer);
-        }
-    }
-    group.finish();
+    peers::sweep(c, "schedule", |peer, i| {
+        black_box(peer.schedule(spread_delay(i), || {}));
+    });
 }
 
 criterion_group! {

@@ -710,15 +710,6 @@ impl FiredEntry {
     }
 }
 
-impl FiredEntry {
-    /// Reads the entry's header with a plain load, so that a worker touching a whole
-    /// batch first overlaps the batch's cache misses.
-    pub fn touch(&self) {
-        // ORDERING: Relaxed: a touch, the value is unused.
-        core::hint::black_box(self.entry.header().deadline.load(Ordering::Relaxed));
-    }
-}
-
 impl Drop for FiredEntry {
     fn drop(&mut self) {
         if !self.taken {

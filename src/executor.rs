@@ -39,11 +39,6 @@ type SpawnFailure = (String, std::io::Error);
 pub trait Task: Send + 'static {
     /// Runs the task; it may panic.
     fn run(self);
-
-    /// Touches the task's memory with plain loads; a worker calls it on a whole batch
-    /// before running any, so the batch's cache misses overlap instead of each waiting
-    /// behind the previous task's locked instructions.
-    fn touch(&self) {}
 }
 
 /// The submit side of the pool; cheap to clone.
@@ -206,9 +201,6 @@ fn worker_loop<T: Task>(shared: &Arc<Shared<T>>, index: usize, local: &Worker<Ve
     loop {
         if let Some(batch) = find_batch(shared, local) {
             backoff.reset();
-            for task in &batch {
-                task.touch();
-            }
             for task in batch {
                 if catch_unwind(AssertUnwindSafe(|| task.run())).is_err() {
                     // ORDERING: Relaxed: a statistic written only by this worker.

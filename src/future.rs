@@ -246,10 +246,7 @@ impl ShardedTimer {
     ///
     /// Never.
     pub fn sleep(&self, d: std::time::Duration) -> Sleep {
-        let deadline = Instant::now()
-            .checked_add(d)
-            .unwrap_or_else(|| Instant::now() + std::time::Duration::from_secs(100 * 365 * 86_400));
-        Sleep::new(self, deadline)
+        Sleep::new(self, self.deadline_after(d))
     }
 
     /// A future that completes at or after `deadline`. A past deadline completes on

@@ -44,11 +44,6 @@ pub const AWAKE: u64 = 0;
 pub const NEVER: u64 = u64::MAX;
 /// Fired tasks handed to the executor per batch.
 const FIRE_BATCH: usize = 256;
-/// Due entries gathered before their state CASes. Gathering reads each entry's
-/// deadline with a plain load, so the cache misses of a whole group overlap; a locked
-/// CAS between two misses would serialise them (measured: the burst drain is bound
-/// by these misses).
-const EXPIRE_GROUP: usize = 32;
 
 /// What a shard hands the executor.
 #[derive(Debug)]
@@ -64,12 +59,6 @@ impl Task for ShardTask {
         match self {
             ShardTask::Fired(task) => task.run(),
             ShardTask::Run(task) => task.run(),
-        }
-    }
-
-    fn touch(&self) {
-        if let ShardTask::Fired(task) = self {
-            task.touch();
         }
     }
 }
@@ -316,25 +305,43 @@ impl ShardShared {
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
     pub fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
+        self.push_and_wake(&self.insert, entry, deadline, false)
+    }
+
+    /// Pushes `value` into `ring` (one of this shard's), backing off and waking the
+    /// shard while the ring is full; then wakes it if it sleeps past `deadline`, or
+    /// (with `wake_idle`) sleeps with nothing to do, or the ring is filling. The
+    /// producer's half of the park handshake (ground rules).
+    ///
+    /// # Errors
+    ///
+    /// The value comes back if the ring is closed.
+    fn push_and_wake<T>(
+        &self,
+        ring: &Ring<T>,
+        value: T,
+        deadline: u64,
+        wake_idle: bool,
+    ) -> Result<(), T> {
         let backoff = Backoff::new();
-        let mut entry = entry;
+        let mut value = value;
         loop {
-            match self.insert.push(entry) {
+            match ring.push(value) {
                 Ok(position) => {
-                    // ORDERING: the producer's half of the park handshake (ground
-                    // rules): this SeqCst fence, between our reservation in `push` and
-                    // our read of `next_wake`, pairs with the fence in `prepare_park`;
-                    // the read itself can then be Relaxed.
+                    // ORDERING: this SeqCst fence, between our reservation in `push`
+                    // and our read of `next_wake`, pairs with the fence in
+                    // `prepare_park`; the read itself can then be Relaxed.
                     fence(Ordering::SeqCst);
                     // ORDERING: Relaxed: ordered by the fence above.
                     let wake = self.next_wake.load(Ordering::Relaxed);
-                    if deadline < wake || self.is_filling(position) {
+                    let idle = wake_idle && wake == NEVER;
+                    if deadline < wake || idle || self.is_filling(position) {
                         self.thread.unpark();
                     }
                     return Ok(());
                 }
                 Err(PushError::Full(back)) => {
-                    entry = back;
+                    value = back;
                     self.thread.unpark();
                     backoff.snooze();
                 }
@@ -372,36 +379,15 @@ impl ShardShared {
 }
 
 impl ShardShared {
-    /// Pushes a message, backing off while the ring is full; wakes the shard if it
-    /// sleeps past `deadline` or with nothing to do, or the ring is filling.
+    /// Sends a message. An idle shard (nothing in its wheel) is woken so the message
+    /// is processed and counted now; a busy one processes it at its next wake-up, at
+    /// the latest after half a ring of messages.
     fn send_message(&self, message: Message, deadline: u64) {
-        let backoff = Backoff::new();
-        let mut message = message;
-        loop {
-            match self.cancel.push(message) {
-                Ok(position) => {
-                    // ORDERING: as in `push_insert`: the fence orders our push before
-                    // our read of `next_wake`, against `prepare_park`'s fence. An idle
-                    // shard (nothing in its wheel) is woken so the message is processed
-                    // and counted now; a busy one processes it at its next wake-up, at
-                    // the latest after half a ring of messages.
-                    fence(Ordering::SeqCst);
-                    // ORDERING: Relaxed: ordered by the fence above.
-                    let wake = self.next_wake.load(Ordering::Relaxed);
-                    if deadline < wake || wake == NEVER || self.is_filling(position) {
-                        self.thread.unpark();
-                    }
-                    return;
-                }
-                Err(PushError::Full(back)) => {
-                    message = back;
-                    self.thread.unpark();
-                    backoff.snooze();
-                }
-                Err(PushError::Closed(_)) => {
-                    unreachable!("message ring invariant: the message ring is never closed")
-                }
-            }
+        if self
+            .push_and_wake(&self.cancel, message, deadline, true)
+            .is_err()
+        {
+            unreachable!("message ring invariant: the message ring is never closed");
         }
     }
 }
@@ -450,7 +436,6 @@ impl ShardThread {
             detached_moves: 0,
         };
         let mut fired: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
-        let mut due = Vec::with_capacity(EXPIRE_GROUP);
         let mut refile = Vec::new();
         loop {
             self.drain_inserts(&mut held);
@@ -463,12 +448,8 @@ impl ShardThread {
                 ..
             } = &mut held;
             wheel.advance(store, now, &mut |store, raw| {
-                due.push(raw);
-                if due.len() == EXPIRE_GROUP {
-                    self.expire(store, now, &mut due, &mut fired, &mut refile, aside);
-                }
+                self.expire(store, now, raw, &mut fired, &mut refile, aside);
             });
-            self.expire(store, now, &mut due, &mut fired, &mut refile, aside);
             // Entries whose deadline moved later (or whose reset is under way) go back
             // into the wheel at their current deadline.
             for raw in refile.drain(..) {
@@ -489,55 +470,55 @@ impl ShardThread {
         self.shut_down(&mut held)
     }
 
-    /// Fires each entry of `due` (emptying it) that is due at tick `now` by its latest
-    /// deadline, handing it to the executor in batches; one whose deadline moved later,
-    /// or whose reset or move is under way, goes to `refile`; one cancelled while filed
-    /// is held aside for its cancel message.
+    /// Fires `raw` if it is due at tick `now` by its latest deadline, handing it to
+    /// the executor in batches; one whose deadline moved later, or whose reset or move
+    /// is under way, goes to `refile`; one cancelled while filed is held aside for its
+    /// cancel message.
     fn expire(
         &self,
         store: &mut ShardStore,
         now: u64,
-        due: &mut Vec<RawEntry>,
+        raw: RawEntry,
         fired: &mut Vec<ShardTask>,
         refile: &mut Vec<RawEntry>,
         aside: &mut usize,
     ) {
-        for raw in due.drain(..) {
-            let entry = store.claim(raw);
-            match entry.try_fire_due(now) {
-                Due::Fired(task) => {
-                    ShardStats::bump(&self.shared.stats.fired, 1);
-                    if let Some(limit) = &self.limit {
-                        limit.release();
-                    }
-                    fired.push(ShardTask::Fired(task));
-                    if fired.len() == FIRE_BATCH {
-                        self.executor
-                            .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
-                    }
+        let entry = store.claim(raw);
+        match entry.try_fire_due(now) {
+            Due::Fired(task) => {
+                ShardStats::bump(&self.shared.stats.fired, 1);
+                if let Some(limit) = &self.limit {
+                    limit.release();
                 }
-                Due::Later(entry) => refile.push(store.release(entry)),
-                Due::Run(running) => {
-                    // A repeating timer's run: it stays pending (no room freed).
-                    ShardStats::bump(&self.shared.stats.fired, 1);
-                    fired.push(ShardTask::Run(RunTask {
-                        running,
-                        shard: self.shared.clone(),
-                        clock: self.clock,
-                    }));
-                    if fired.len() == FIRE_BATCH {
-                        self.executor
-                            .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
-                    }
-                }
-                Due::Cancelled(entry) => {
-                    // Cancelled while filed: its message is on the way, and the
-                    // wheel's reference stays until it arrives (ground rule 4).
-                    let raw = store.release(entry);
-                    store.set_aside(raw, Aside::Cancel);
-                    *aside += 1;
-                }
+                self.hand_over(fired, ShardTask::Fired(task));
             }
+            Due::Run(running) => {
+                // A repeating timer's run: it stays pending (no room freed).
+                ShardStats::bump(&self.shared.stats.fired, 1);
+                let task = RunTask {
+                    running,
+                    shard: self.shared.clone(),
+                    clock: self.clock,
+                };
+                self.hand_over(fired, ShardTask::Run(task));
+            }
+            Due::Later(entry) => refile.push(store.release(entry)),
+            Due::Cancelled(entry) => {
+                // Cancelled while filed: its message is on the way, and the wheel's
+                // reference stays until it arrives (ground rule 4).
+                let raw = store.release(entry);
+                store.set_aside(raw, Aside::Cancel);
+                *aside += 1;
+            }
+        }
+    }
+
+    /// Adds `task` to the batch, handing the batch to the executor once full.
+    fn hand_over(&self, fired: &mut Vec<ShardTask>, task: ShardTask) {
+        fired.push(task);
+        if fired.len() == FIRE_BATCH {
+            self.executor
+                .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
         }
     }
 

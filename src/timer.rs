@@ -551,6 +551,14 @@ impl ShardedTimer {
         ))
     }
 
+    /// The instant `delay` from now, saturating (like `schedule`) to the service's
+    /// far-future instant when it does not fit.
+    pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
+        Instant::now()
+            .checked_add(delay)
+            .unwrap_or_else(|| self.inner.clock.tick_to_instant(u64::MAX))
+    }
+
     /// A snapshot of the counters, summed over the shards and workers. Cheap: no
     /// lock; it also wakes each shard so that timers waiting in its rings are counted
     /// by the next call (see [`Stats`]).

@@ -9,27 +9,17 @@
 //! then. Differs in: Rust closures instead of task objects (two allocations per timer:
 //! the shared task and the boxed closure).
 
+use super::once::OnceTask;
 use std::cmp::{Ordering as CmpOrdering, Reverse};
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const PENDING: u8 = 0;
-const FIRED: u8 = 1;
-const CANCELLED: u8 = 2;
-
-/// One scheduled task.
-pub(crate) struct HeapTask {
-    state: AtomicU8,
-    callback: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
 struct Item {
     deadline: Instant,
     seq: u64,
-    task: Arc<HeapTask>,
+    task: Arc<OnceTask>,
 }
 
 impl PartialEq for Item {
@@ -91,11 +81,8 @@ impl HeapTimer {
         &self,
         delay: Duration,
         f: impl FnOnce() + Send + 'static,
-    ) -> Arc<HeapTask> {
-        let task = Arc::new(HeapTask {
-            state: AtomicU8::new(PENDING),
-            callback: Mutex::new(Some(Box::new(f))),
-        });
+    ) -> Arc<OnceTask> {
+        let task = Arc::new(OnceTask::new(f));
         let deadline = Instant::now() + delay;
         let mut state = self.shared.state.lock().unwrap();
         state.seq += 1;
@@ -116,15 +103,8 @@ impl HeapTimer {
         task
     }
 
-    pub(crate) fn cancel(&self, task: &HeapTask) -> bool {
-        let won = task
-            .state
-            .compare_exchange(PENDING, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if won {
-            drop(task.callback.lock().unwrap().take());
-        }
-        won
+    pub(crate) fn cancel(&self, task: &OnceTask) -> bool {
+        task.cancel()
     }
 }
 
@@ -143,17 +123,7 @@ fn run(shared: &Shared) {
             Some(_) => {
                 let Reverse(item) = state.heap.pop().expect("peeked");
                 drop(state);
-                if item
-                    .task
-                    .state
-                    .compare_exchange(PENDING, FIRED, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    let callback = item.task.callback.lock().unwrap().take();
-                    if let Some(callback) = callback {
-                        callback();
-                    }
-                }
+                item.task.fire();
                 state = shared.state.lock().unwrap();
             }
         }

@@ -10,16 +10,15 @@
 //! Differs in: the two queues are `Mutex<Vec>` (Netty uses lock-free MPSC queues), and
 //! slots are vectors with tombstones rather than doubly-linked lists.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::once::OnceTask;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const SLOTS: usize = 512;
 const TICK: Duration = Duration::from_millis(1);
-const PENDING: u8 = 0;
-const FIRED: u8 = 1;
-const CANCELLED: u8 = 2;
 /// `position` of a timeout not (or no longer) in a slot.
 const NOWHERE: usize = usize::MAX;
 
@@ -30,8 +29,8 @@ type Slot = Vec<Option<(Arc<Timeout>, u64)>>;
 pub(crate) struct Timeout {
     /// Deadline in ns since the timer's start.
     deadline_ns: u64,
-    state: AtomicU8,
-    callback: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// The callback and who won it.
+    task: OnceTask,
     /// `slot * 2^32 + index` in the wheel; written only by the worker.
     position: AtomicUsize,
 }
@@ -76,8 +75,7 @@ impl NettyTimer {
         let deadline = Instant::now() + delay;
         let timeout = Arc::new(Timeout {
             deadline_ns: deadline.duration_since(self.shared.start).as_nanos() as u64,
-            state: AtomicU8::new(PENDING),
-            callback: Mutex::new(Some(Box::new(f))),
+            task: OnceTask::new(f),
             position: AtomicUsize::new(NOWHERE),
         });
         self.shared.incoming.lock().unwrap().push(timeout.clone());
@@ -85,12 +83,8 @@ impl NettyTimer {
     }
 
     pub(crate) fn cancel(&self, timeout: &Arc<Timeout>) -> bool {
-        let won = timeout
-            .state
-            .compare_exchange(PENDING, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
+        let won = timeout.task.cancel();
         if won {
-            drop(timeout.callback.lock().unwrap().take());
             self.shared.cancelled.lock().unwrap().push(timeout.clone());
         }
         won
@@ -111,7 +105,7 @@ fn run(shared: &Shared) {
         // Move new timeouts into the wheel.
         let incoming = std::mem::take(&mut *shared.incoming.lock().unwrap());
         for timeout in incoming {
-            if timeout.state.load(Ordering::Acquire) != PENDING {
+            if !timeout.task.is_pending() {
                 continue;
             }
             let calculated = timeout.deadline_ns / tick_ns;
@@ -138,16 +132,7 @@ fn run(shared: &Shared) {
         for (timeout, rounds) in entries.into_iter().flatten() {
             if rounds == 0 {
                 timeout.position.store(NOWHERE, Ordering::Relaxed);
-                if timeout
-                    .state
-                    .compare_exchange(PENDING, FIRED, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    let callback = timeout.callback.lock().unwrap().take();
-                    if let Some(callback) = callback {
-                        callback();
-                    }
-                }
+                timeout.task.fire();
             } else {
                 let index = kept.len();
                 timeout

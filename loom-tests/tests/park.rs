@@ -8,7 +8,7 @@
 //! Asserts: no lost wakeup: the shard never stays parked while a timer earlier than
 //! its published wake-up sits in its ring (a lost wakeup leaves the shard parked
 //! forever, which loom reports as a deadlock); the shard then finds the timer.
-//! Seeded bug that makes it fail: the producer's SeqCst fence in `push_insert`
+//! Seeded bug that makes it fail: the producer's SeqCst fence in `push_and_wake` (the path of `push_insert`)
 //! removed (its Relaxed read of `next_wake` may then miss the published tick while
 //! the shard's re-check misses the push: loom reports the parked shard as a deadlock).
 //! The shard's re-check of its rings removed fails the same way.

@@ -57,8 +57,6 @@ pub(crate) struct Wheel<R> {
     levels: Box<[Level<R>; NUM_LEVELS]>,
     /// Entries filed with a deadline `<=` `now`; the next `advance` yields them first.
     overdue: Vec<R>,
-    /// Entries held.
-    len: usize,
 }
 
 impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
@@ -68,7 +66,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
             now,
             levels: Box::new([const { Level::new() }; NUM_LEVELS]),
             overdue: Vec::new(),
-            len: 0,
         }
     }
 
@@ -80,7 +77,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
     /// Files `entry` by its deadline in O(1) (amortised). A deadline `<=` now goes on
     /// the overdue list.
     pub(crate) fn insert<S: Store<Ref = R>>(&mut self, store: &mut S, entry: R) {
-        self.len += 1;
         self.file(store, entry, store.deadline(entry));
     }
 
@@ -100,7 +96,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 *occupied &= !bit;
             }
         }
-        self.len -= 1;
     }
 
     /// The tick at which `advance` next has work to do: `now` if anything is overdue,
@@ -123,7 +118,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
     ) {
         if !self.overdue.is_empty() {
             let mut overdue = core::mem::take(&mut self.overdue);
-            self.len -= overdue.len();
             for &entry in &overdue {
                 expired(store, entry);
             }
@@ -146,7 +140,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
             for &entry in &entries {
                 let deadline = store.deadline(entry);
                 if deadline <= start {
-                    self.len -= 1;
                     expired(store, entry);
                 } else {
                     // A higher slot cascading, or (level 0) an entry whose deadline
@@ -177,7 +170,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 }
             }
         }
-        self.len = 0;
     }
 
     /// Places a held entry in the list for `deadline` relative to `now`.
@@ -231,9 +223,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
 
 impl<R> core::fmt::Debug for Wheel<R> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Wheel")
-            .field("now", &self.now)
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("Wheel").field("now", &self.now).finish()
     }
 }
