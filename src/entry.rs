@@ -3,65 +3,63 @@
 //!
 //! The allocation is an `Entry<F>` whose first field is a type-erased [`Header`]; the
 //! rest of the crate sees only `NonNull<Header>` (as [`EntryRef`], which owns one
-//! reference, or [`RawEntry`], which carries one by protocol) and reaches the callback
-//! through the header's vtable. The shard's timing wheel files these pointers
-//! directly ([`ShardStore`]), so a pending timer costs this allocation plus one
-//! pointer in a slot vector, and no separate wheel node.
+//! reference, or the wheel's non-owning [`EntryPtr`]) and reaches the callback through
+//! the header's vtable. The shard's timing wheel files these pointers directly
+//! ([`ShardStore`]), so a pending timer costs this allocation plus one pointer in a
+//! slot vector, and no separate wheel node.
+//!
+//! One concept per file: `state.rs` the atomic state word, `repeat.rs` a repeating
+//! timer's schedule and run, `message.rs` what handles send their shard, `store.rs`
+//! the shard wheel's view of entries, `winner.rs` what the winner of a transition owns.
 //!
 //! # Ground rules
 //!
-//! 1. **References.** `refs` counts owners: each `TimerHandle`, and one *service
+//! 1. **References.** `refs` counts owners: each `TimerHandle`; one *service
 //!    reference* created by `schedule`, held in turn by the shard's insert ring, the
-//!    shard (in its wheel, or awaiting a cancel message), and finally an executor task
-//!    ([`FiredEntry`]) or an `Unfired`. A [`RawEntry`] carries a reference it does not
-//!    count twice: it is made by [`EntryRef::into_raw`] and claimed exactly once by
-//!    [`EntryRef::from_raw`]. The last owner frees the allocation.
-//! 2. **Callback.** The callback cell is read only by the winner of Pending → Fired,
-//!    which moves the callback out and runs it, and by the winner of Pending →
-//!    Cancelled, which drops it at once (`state.rs` makes the two exclusive). A
-//!    repeating timer's runner holds it while `RUNNING` is set; a cancel that wins
-//!    then leaves the drop to the runner. If the last reference goes while still
-//!    Pending, nobody else can reach the cell and the destructor drops the callback.
-//! 3. **Place.** `place` is read and written only by the shard thread holding the
-//!    service reference, through [`ShardStore`].
-//! 4. **Messages.** An entry that is Cancelled with `FILED` set has exactly one
-//!    cancel message, sent (or about to be sent) by the canceller that won; one with
-//!    `MOVING` set has exactly one move message, sent by the reset that set it. The
-//!    shard releases the service reference only when it has processed the cancel
-//!    message, and never lets an entry with `MOVING` leave its wheel (neither fired
-//!    nor released) until its move message has arrived. So the pointer in a cancel
-//!    message is live when the shard pops it, and at shutdown the shard can see every
-//!    outstanding message (on entries in its wheel or held aside) and keeps draining
-//!    until all have arrived before it exits: the [`CancelPort`] a sender uses is
-//!    live.
+//!    shard's wheel, and finally an executor task ([`FiredEntry`]) or an `Unfired`; and
+//!    one per message in a shard's message ring (the sender clones its own). The last
+//!    owner frees the allocation.
+//! 2. **Callback.** The callback cell is read only by the winner of Pending → Fired
+//!    (or of a repeating timer's run), which runs it, and by the winner of Pending →
+//!    Cancelled, which drops it — **last**: after its cancel message is published and
+//!    the service's room is freed ([`CancelledCallback`]), so a callback whose drop
+//!    panics, shuts the service down or drops its last clone finds the service's
+//!    bookkeeping already done. A repeating timer's runner holds it while `RUNNING` is
+//!    set; a cancel that wins then leaves the drop to the runner. If the last reference
+//!    goes while still Pending, nobody else can reach the cell and the destructor drops
+//!    the callback.
+//! 3. **Place.** `place` is read and written only by the shard thread, through
+//!    [`ShardStore`].
+//! 4. **Messages and the shard's lifetime.** An entry that is Cancelled with `FILED`
+//!    set at the winning CAS has exactly one cancel message; one with `MOVING` set has
+//!    exactly one move message. The shard learns of both through its own RMWs on the
+//!    state word (`mark_filed`, `clear_moving`, `detach`), so at shutdown it knows every
+//!    message still to come and drains its message ring until all have arrived before
+//!    it exits. A sender's last access to the shard is the publication of its message
+//!    (`ShardShared::send_message` wakes the shard *before* publishing), so once the
+//!    shard has popped every message it waits for, no sender touches it again: the
+//!    [`CancelPort`] a handle keeps needs no reference count.
 
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
-use std::time::{Duration, Instant};
 
-use crate::handle::{TimerId, TimerState};
+use crate::id::{TimerId, TimerState};
 use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
-use crate::wheel::{Place, Store};
+use crate::wheel::Place;
 
+mod message;
+mod repeat;
 mod state;
+mod store;
+mod winner;
 
+pub use message::{CancelPort, CancelSink, Message};
+pub use repeat::RunningEntry;
 use state::StateWord;
 pub use state::{Cancel, File, Snapshot};
 pub(crate) use state::{Finish, Fire};
-
-/// Why a shard holds an entry outside its wheel, waiting for a message (ground rule 4).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Aside {
-    /// Cancelled; its cancel message has not arrived yet.
-    Cancel,
-    /// Cancelled and its cancel message processed; its move message has not arrived.
-    Move,
-    /// Handed back at shutdown as pending with a move message outstanding.
-    DetachedMove,
-}
-
-/// The list number that marks an entry held aside; the position says why.
-const ASIDE_LIST: u16 = u16::MAX;
+pub use store::{Aside, EntryPtr, ShardStore};
+pub use winner::{CancelledCallback, FiredEntry};
 
 /// References beyond this abort the process, as `Arc` does: the count must never wrap.
 const MAX_REFS: u32 = i32::MAX as u32;
@@ -69,7 +67,7 @@ const MAX_REFS: u32 = i32::MAX as u32;
 /// The type-erased part of every entry; always the first field of an `Entry<F>`.
 #[repr(C)]
 pub(crate) struct Header {
-    /// Pending / Fired / Cancelled and `FILED`; see `state.rs`.
+    /// Pending / Fired / Cancelled and the flags; see `state.rs`.
     state: StateWord,
     /// Owners of this allocation (ground rule 1). Incremented Relaxed by a holder of a
     /// reference, decremented AcqRel by each owner as it lets go.
@@ -80,9 +78,10 @@ pub(crate) struct Header {
     id: TimerId,
     /// The deadline, in ticks of the service's clock: the latest one asked for. Written
     /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
-    /// (Release; its `finish_reset` CAS publishes it); read by the shard (Relaxed for
-    /// filing, where a stale value is corrected later; Acquire after loading the state
-    /// word when deciding to fire) and by handles.
+    /// (Release; its `finish_reset` CAS publishes it) and by a repeating timer's runner
+    /// while it holds `RUNNING`; read by the shard (Relaxed for filing, where a stale
+    /// value is corrected later; Relaxed after its Acquire claim when deciding to fire)
+    /// and by handles.
     deadline: AtomicU64,
     /// Where the entry sits in its shard's wheel. Shard thread only (ground rule 3).
     place: UnsafeCell<Place>,
@@ -103,33 +102,10 @@ struct Vtable {
     call_again: Option<unsafe fn(NonNull<Header>)>,
     /// Repeating timers only: counts the run just made and returns the next run's
     /// deadline (`None` beyond what `Instant` holds) and how many runs were skipped.
-    next_run: Option<NextRunFn>,
-}
-
-/// Counts a repeating timer's run and returns its next deadline and the runs skipped.
-type NextRunFn = unsafe fn(NonNull<Header>, Instant) -> (Option<Instant>, u64);
-
-/// A repeating timer's callback with its fixed-rate schedule: run `n` is due at
-/// `start + n × period`.
-struct Repeat<F> {
-    /// The callback.
-    f: F,
-    /// When the timer was scheduled.
-    start: Instant,
-    /// The period; at least one tick.
-    period: Duration,
-    /// The number of the run most recently made (or skipped).
-    runs: u64,
-}
-
-impl<F: FnMut()> Repeat<F> {
-    /// The deadline of run `n`, or `None` past what `Instant` holds.
-    fn deadline_of(&self, n: u64) -> Option<Instant> {
-        let offset = u32::try_from(n)
-            .ok()
-            .and_then(|n| self.period.checked_mul(n))?;
-        self.start.checked_add(offset)
-    }
+    next_run: Option<repeat::NextRunFn>,
+    /// Whether shutdown hands the timer back as an `Unfired` (user callbacks), or
+    /// cancels it, dropping the callback (a `Sleep`'s, which then completes).
+    hands_back: bool,
 }
 
 /// The allocation: header first, so a pointer to it is a pointer to the header.
@@ -149,6 +125,14 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
         dealloc: Entry::<F>::dealloc_any,
         call_again: None,
         next_run: None,
+        hands_back: true,
+    };
+
+    /// The vtable of a `Sleep`'s timer: as [`VTABLE`](Self::VTABLE), but shutdown
+    /// cancels it instead of handing it back.
+    const SLEEP_VTABLE: Vtable = Vtable {
+        hands_back: false,
+        ..Self::VTABLE
     };
 
     /// # Safety
@@ -164,75 +148,6 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
             .callback
             .with(|cell| unsafe { cell.cast::<F>().read() });
         callback();
-    }
-}
-
-impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
-    /// The vtable for repeating callbacks of type `F`.
-    const REPEATING_VTABLE: Vtable = Vtable {
-        run: Self::run_once,
-        drop_callback: Entry::<Repeat<F>>::drop_callback_any,
-        dealloc: Entry::<Repeat<F>>::dealloc_any,
-        call_again: Some(Self::call_again),
-        next_run: Some(Self::next_run),
-    };
-
-    /// # Safety
-    ///
-    /// - `header` points to a live `Entry<Repeat<F>>`.
-    /// - The caller won Pending → Fired (`Unfired::run`) and the callback is there.
-    unsafe fn run_once(header: NonNull<Header>) {
-        // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
-        // SAFETY: exclusive and initialised (the caller's second point); read moves it
-        // out, so it is dropped exactly once, after the call.
-        let mut repeat = entry
-            .callback
-            .with(|cell| unsafe { cell.cast::<Repeat<F>>().read() });
-        (repeat.f)();
-    }
-
-    /// # Safety
-    ///
-    /// - `header` points to a live `Entry<Repeat<F>>`.
-    /// - The caller holds `RUNNING` (it started this run), so it alone touches the
-    ///   callback, which is initialised.
-    unsafe fn call_again(header: NonNull<Header>) {
-        // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
-        // SAFETY: exclusive and initialised while RUNNING (the caller's second point).
-        entry
-            .callback
-            .with_mut(|cell| unsafe { ((*cell.cast::<Repeat<F>>()).f)() });
-    }
-
-    /// # Safety
-    ///
-    /// As [`call_again`](Self::call_again).
-    unsafe fn next_run(header: NonNull<Header>, now: Instant) -> (Option<Instant>, u64) {
-        // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
-        entry.callback.with_mut(|cell| {
-            // SAFETY: exclusive and initialised while RUNNING (the caller's second
-            // point), so this is the only reference to the callback.
-            let repeat = unsafe { &mut *cell.cast::<Repeat<F>>() };
-            // The run just made is run `made`; the next is due at `start + next × period`.
-            let made = repeat.runs + 1;
-            let mut next = made + 1;
-            // Fixed rate: if that slot has already passed (the run ended a whole period
-            // or more behind), skip to the first slot still ahead rather than run the
-            // missed ones back to back.
-            let passed = now.saturating_duration_since(repeat.start).as_nanos()
-                / repeat.period.as_nanos().max(1);
-            let passed = u64::try_from(passed).unwrap_or(u64::MAX);
-            let mut skipped = 0;
-            if passed >= next {
-                skipped = passed + 1 - next;
-                next = passed + 1;
-            }
-            repeat.runs = next - 1;
-            (repeat.deadline_of(next), skipped)
-        })
     }
 }
 
@@ -271,7 +186,7 @@ pub struct EntryRef(NonNull<Header>);
 
 // SAFETY: the header's shared fields are atomics or immutable; the callback cell and
 // `place` are reached only under ground rules 2 and 3, which hand them to exactly one
-// thread at a time; the callback is `Send` (required by `EntryRef::new`).
+// thread at a time; the callback is `Send` (required by every constructor).
 unsafe impl Send for EntryRef {}
 // SAFETY: as for `Send`: `&EntryRef` only exposes the atomic state and immutable fields.
 unsafe impl Sync for EntryRef {}
@@ -284,6 +199,16 @@ impl EntryRef {
         callback: F,
     ) -> (EntryRef, EntryRef) {
         Self::allocate(id, deadline, &Entry::<F>::VTABLE, callback)
+    }
+
+    /// As [`new`](Self::new), for a `Sleep`'s timer: shutdown cancels it (dropping the
+    /// callback, which completes the sleep) instead of handing it back.
+    pub(crate) fn new_sleep<F: FnOnce() + Send + 'static>(
+        id: TimerId,
+        deadline: u64,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        Self::allocate(id, deadline, &Entry::<F>::SLEEP_VTABLE, callback)
     }
 
     /// One allocation holding the header and `callback`, with two references.
@@ -310,27 +235,14 @@ impl EntryRef {
         (EntryRef(header), EntryRef(header))
     }
 
-    /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
-    /// `start + n × period`: two references, as [`new`](Self::new).
-    pub fn new_repeating<F: FnMut() + Send + 'static>(
-        id: TimerId,
-        deadline: u64,
-        start: Instant,
-        period: Duration,
-        callback: F,
-    ) -> (EntryRef, EntryRef) {
-        let repeat = Repeat {
-            f: callback,
-            start,
-            period,
-            runs: 0,
-        };
-        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
-    }
-
     /// Whether this is a repeating timer.
     pub(crate) fn is_repeating(&self) -> bool {
         self.header().vtable.call_again.is_some()
+    }
+
+    /// Whether shutdown hands this timer back as an `Unfired` (`false` for a sleep's).
+    pub(crate) fn hands_back(&self) -> bool {
+        self.header().vtable.hands_back
     }
 
     /// The header.
@@ -356,72 +268,66 @@ impl EntryRef {
         self.header().state.load().state()
     }
 
-    /// Gives up this reference into a [`RawEntry`] that carries it.
-    pub fn into_raw(self) -> RawEntry {
-        let raw = RawEntry(self.0);
-        core::mem::forget(self);
-        raw
+    /// A non-owning pointer to this entry, for the shard's wheel.
+    pub fn as_ptr(&self) -> EntryPtr {
+        EntryPtr(self.0)
     }
 
-    /// Claims the reference a [`RawEntry`] carries.
-    ///
-    /// # Safety
-    ///
-    /// - `raw` came from [`EntryRef::into_raw`], and
-    /// - its reference has not been claimed yet; it is claimed now.
-    pub unsafe fn from_raw(raw: RawEntry) -> EntryRef {
-        EntryRef(raw.0)
-    }
-
-    /// The shard's Pending → Fired; on success the returned task owns the callback.
+    /// Pending → Fired for `Unfired::run`; on success the task owns the callback.
     ///
     /// # Errors
     ///
     /// The reference comes back if a cancel won first.
     pub fn try_fire(self) -> Result<FiredEntry, EntryRef> {
         match self.header().state.try_fire() {
-            Fire::Won => Ok(FiredEntry {
-                entry: self,
-                taken: false,
-            }),
+            Fire::Won => Ok(FiredEntry::new(self)),
             Fire::Lost | Fire::Moved => Err(self),
         }
     }
 
-    /// The shard's expiry: fires the entry if it is pending, due at tick `now` by its
-    /// latest deadline, and no reset or move is under way.
+    /// The shard's expiry at tick `now`: fires the entry if it is pending, due by its
+    /// latest deadline, and no reset or move is under way (see `state.rs`, "Why a
+    /// claim bit").
     pub fn try_fire_due(self, now: u64) -> Due {
-        let seen = self.header().state.load();
-        if seen.state() != TimerState::Pending {
+        let header = self.header();
+        if header.state.load().state() != TimerState::Pending {
             return Due::Cancelled(self);
         }
-        // ORDERING: Acquire: with the Acquire load of the word above, which reads the
-        // Release of the last finished reset, this reads that reset's deadline or a
-        // later one; a reset that starts after the load above makes the CAS fail.
-        if self.header().deadline.load(Ordering::Acquire) > now {
+        // ORDERING: Relaxed: a cheap pre-check. Deferring is always safe (the entry is
+        // re-filed); the decision to fire re-reads the deadline under the claim.
+        if header.deadline.load(Ordering::Relaxed) > now {
+            return Due::Later(self);
+        }
+        match header.state.try_claim() {
+            Fire::Won => {}
+            Fire::Lost => return Due::Cancelled(self),
+            Fire::Moved => return Due::Later(self),
+        }
+        // ORDERING: Relaxed: `try_claim`'s Acquire CAS read the last `finish_reset`'s
+        // Release (or later), which the reset's deadline store precedes, and no reset
+        // can store while we hold CLAIMING; so this reads the latest deadline.
+        if header.deadline.load(Ordering::Relaxed) > now {
+            header.state.release_claim();
             return Due::Later(self);
         }
         if self.is_repeating() {
-            return match self.header().state.try_start_run(seen) {
-                Fire::Won => Due::Run(RunningEntry { entry: Some(self) }),
-                Fire::Lost => Due::Cancelled(self),
-                Fire::Moved => Due::Later(self),
+            return match header.state.start_run_claimed() {
+                Fire::Won => Due::Run(RunningEntry::new(self)),
+                Fire::Lost | Fire::Moved => Due::Cancelled(self),
             };
         }
-        match self.header().state.try_fire_seen(seen) {
-            Fire::Won => Due::Fired(FiredEntry {
-                entry: self,
-                taken: false,
-            }),
-            Fire::Lost => Due::Cancelled(self),
-            Fire::Moved => Due::Later(self),
+        match header.state.fire_claimed() {
+            Fire::Won => Due::Fired(FiredEntry::new(self)),
+            Fire::Lost | Fire::Moved => Due::Cancelled(self),
         }
     }
 
     /// Moves the deadline to tick `deadline`; `true` iff the timer was still pending
     /// (then it fires no earlier than `deadline`). A later deadline is one store: the
-    /// shard re-files the entry when its old slot comes due. An earlier one for a filed
-    /// entry also sends the shard one move message through `port` (ground rule 4).
+    /// shard re-files the entry when its old slot comes due. An earlier one also sends
+    /// the shard one move message through `port` (ground rule 4), which wakes it, filed
+    /// or not yet filed; one already outstanding carries this reset too, since the
+    /// shard reads the latest deadline when it arrives.
     pub fn reset<S: CancelSink>(&self, deadline: u64, port: &CancelPort<S>) -> bool {
         let header = self.header();
         if self.is_repeating() {
@@ -435,16 +341,12 @@ impl EntryRef {
         // `begin_reset`'s Acquire ordered us after the previous reset's store.
         let old = header.deadline.load(Ordering::Relaxed);
         // ORDERING: Release, and `finish_reset`'s Release CAS after it, publish the
-        // deadline to the shard's Acquire loads.
+        // deadline to the shard's Acquire RMWs.
         header.deadline.store(deadline, Ordering::Release);
         match header.state.finish_reset(deadline < old) {
             Finish::Pending { send_move } => {
                 if send_move {
-                    // SAFETY: we set MOVING on a filed, pending entry: its shard keeps
-                    // the entry in its wheel, and does not exit, until this message
-                    // arrives (ground rule 4), so the sink is live.
-                    let sink = unsafe { port.0.as_ref() };
-                    sink.send_move(self.clone(), deadline);
+                    port.send_move(self.clone(), deadline);
                 }
                 true
             }
@@ -458,7 +360,8 @@ impl EntryRef {
         }
     }
 
-    /// The shard takes a move message for this entry.
+    /// The shard takes a move message for this entry: clears `MOVING`, returns the
+    /// word before.
     pub fn clear_moving(&self) -> Snapshot {
         self.header().state.clear_moving()
     }
@@ -468,38 +371,31 @@ impl EntryRef {
         self.header().state.load()
     }
 
-    /// A non-owning pointer to this entry, for finding it in the shard's wheel while
-    /// this reference keeps it alive.
-    pub(crate) fn as_raw(&self) -> RawEntry {
-        RawEntry(self.0)
-    }
-
-    /// Pending → Cancelled; the winner drops the callback before returning.
-    pub fn try_cancel(&self) -> Cancel {
-        let outcome = self.header().state.try_cancel();
-        if let Cancel::Won { running: false, .. } = outcome {
-            // SAFETY: the entry is live (we own a reference) and we won Pending →
-            // Cancelled, so we own the untaken callback (ground rule 2).
-            unsafe { (self.header().vtable.drop_callback)(self.0) };
-        }
-        outcome
-    }
-
-    /// Cancels, and if the entry was filed, tells its shard through `port`.
-    /// Returns whether this call won.
-    pub fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> bool {
-        match self.try_cancel() {
-            Cancel::Won { filed, .. } => {
+    /// A handle's cancel: Pending → Cancelled, and if the entry was filed, one cancel
+    /// message to its shard through `port`. `Some` iff this call won; the caller frees
+    /// whatever room the service keeps for the timer, then drops the returned value,
+    /// which drops the callback last (ground rule 2).
+    pub fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> Option<CancelledCallback<'_>> {
+        match self.header().state.try_cancel() {
+            Cancel::Won { filed, running } => {
                 if filed {
-                    // SAFETY: we won Pending → Cancelled with FILED set, so the shard
-                    // behind `port` waits for this message before it exits (ground
-                    // rule 4): the sink is live.
-                    let sink = unsafe { port.0.as_ref() };
-                    sink.send_cancel(RawEntry(self.0));
+                    port.send_cancel(self.clone());
                 }
-                true
+                Some(CancelledCallback::new(self, !running))
             }
-            Cancel::Lost(_) => false,
+            Cancel::Lost(_) => None,
+        }
+    }
+
+    /// An `Unfired` dropped without running: Pending → Cancelled. `Some` iff it won;
+    /// dropping the value drops the callback (unless a run holds it).
+    pub fn cancel_detached(&self) -> Option<CancelledCallback<'_>> {
+        match self.header().state.try_cancel_detached() {
+            Cancel::Won { filed, running } => {
+                debug_assert!(!filed, "a detached entry is never filed");
+                Some(CancelledCallback::new(self, !running))
+            }
+            Cancel::Lost(_) => None,
         }
     }
 
@@ -513,22 +409,17 @@ impl EntryRef {
         self.header().state.detach()
     }
 
-    /// An `Unfired` dropped without running: Pending → Cancelled, dropping the
-    /// callback.
-    pub fn cancel_detached(&self) -> bool {
-        let outcome = self.header().state.try_cancel_detached();
-        if let Cancel::Won { filed, running } = outcome {
-            debug_assert!(!filed, "a detached entry is never filed");
-            if running {
-                // The runner drops the callback when its run ends.
-                return true;
-            }
-            // SAFETY: the entry is live (we own a reference) and we won Pending →
-            // Cancelled, so we own the untaken callback (ground rule 2).
-            unsafe { (self.header().vtable.drop_callback)(self.0) };
-            return true;
-        }
-        false
+    /// Drops the callback in place.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the untaken callback (ground rule 2): it won Pending →
+    /// Cancelled with no run under way, or Pending → Fired without taking it, or ended a
+    /// run that a cancel won; and it drops it once.
+    unsafe fn drop_callback(&self) {
+        // SAFETY: the entry is live (we hold a reference); the callback is ours and
+        // untaken (the caller's obligation).
+        unsafe { (self.header().vtable.drop_callback)(self.0) };
     }
 }
 
@@ -553,14 +444,25 @@ impl Drop for EntryRef {
         if self.header().refs.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        let dealloc = self.header().vtable.dealloc;
         if self.header().state.load().state() == TimerState::Pending {
+            // Free the allocation even if the callback's destructor panics.
+            struct Free(NonNull<Header>, unsafe fn(NonNull<Header>));
+            impl Drop for Free {
+                fn drop(&mut self) {
+                    // SAFETY: last reference; the callback was dropped (or its drop
+                    // unwound, which ends its use too) just before this guard drops.
+                    unsafe { (self.1)(self.0) };
+                }
+            }
+            let _free = Free(self.0, dealloc);
             // SAFETY: we hold the last reference to a live entry that was neither
             // fired nor cancelled, so nobody else can reach the untaken callback.
-            unsafe { (self.header().vtable.drop_callback)(self.0) };
+            unsafe { self.drop_callback() };
+            return;
         }
-        let dealloc = self.header().vtable.dealloc;
-        // SAFETY: last reference; the callback was taken (Fired), dropped by the
-        // cancel winner (Cancelled), or dropped just above (Pending).
+        // SAFETY: last reference; the callback was taken (Fired) or dropped by the
+        // cancel winner (Cancelled).
         unsafe { dealloc(self.0) };
     }
 }
@@ -588,310 +490,10 @@ pub enum Due {
     Run(RunningEntry),
 }
 
-/// A repeating timer during one run: holds `RUNNING`, so it alone touches the
-/// callback. [`finish`](Self::finish) ends the run.
-#[derive(Debug)]
-pub struct RunningEntry {
-    /// The service reference; `None` once finished.
-    entry: Option<EntryRef>,
-}
-
-impl RunningEntry {
-    /// The entry.
-    fn entry(&self) -> &EntryRef {
-        self.entry
-            .as_ref()
-            .expect("running entry invariant: not yet finished")
-    }
-
-    /// Runs the callback once, in place. Call [`finish`](Self::finish) either way.
-    ///
-    /// # Panics
-    ///
-    /// If the callback panics (the panic propagates). The `expect`s inside cannot fire:
-    /// a `RunningEntry` is always an unfinished repeating entry.
-    pub fn call(&mut self) {
-        let entry = self.entry();
-        let call = entry
-            .header()
-            .vtable
-            .call_again
-            .expect("a running entry is repeating");
-        // SAFETY: the entry is live (we hold a reference) and repeating, and we hold
-        // RUNNING, so the callback is ours and initialised.
-        unsafe { call(entry.0) };
-    }
-
-    /// Counts this run and sets the deadline of the next one (tick `to_tick` of the
-    /// next run's instant); returns the next deadline tick and the runs skipped.
-    ///
-    /// # Panics
-    ///
-    /// Never: a `RunningEntry` is always an unfinished repeating entry.
-    pub fn schedule_next(&mut self, now: Instant, to_tick: impl Fn(Instant) -> u64) -> (u64, u64) {
-        let entry = self.entry();
-        let next = entry
-            .header()
-            .vtable
-            .next_run
-            .expect("a running entry is repeating");
-        // SAFETY: as in `call`.
-        let (deadline, skipped) = unsafe { next(entry.0, now) };
-        let tick = deadline.map_or(u64::MAX, to_tick);
-        // ORDERING: Release: published with the entry through the insert ring (and by
-        // `finish_run`'s Release) to the shard's loads.
-        entry.header().deadline.store(tick, Ordering::Release);
-        (tick, skipped)
-    }
-
-    /// Ends the run: the entry back if the timer is still pending (the caller files
-    /// it again); `None` if it was cancelled meanwhile (the callback is then dropped).
-    pub fn finish(mut self) -> Option<EntryRef> {
-        self.finish_in_place()
-    }
-
-    /// As [`finish`](Self::finish), for `Drop` too.
-    fn finish_in_place(&mut self) -> Option<EntryRef> {
-        let entry = self.entry.take()?;
-        if entry.header().state.finish_run() {
-            return Some(entry);
-        }
-        // SAFETY: live (we hold a reference); a cancel won while we held RUNNING, so it
-        // left the callback to us (ground rule 2), untaken.
-        unsafe { (entry.header().vtable.drop_callback)(entry.0) };
-        None
-    }
-}
-
-impl Drop for RunningEntry {
-    fn drop(&mut self) {
-        // Unfinished (the task was dropped unrun): end the run so the callback is
-        // dropped exactly once, by the canceller's rule or with the last reference.
-        drop(self.finish_in_place());
-    }
-}
-
-/// A message to a shard about an entry it holds.
-#[derive(Debug)]
-pub enum Message {
-    /// A winning cancel of a filed entry; owns no reference (ground rule 4).
-    Cancel(RawEntry),
-    /// A reset moved a filed entry earlier; owns one reference.
-    Move(EntryRef),
-}
-
-/// A pointer to an entry that carries one reference by protocol, not by type: in a
-/// ring, in a shard's wheel, or in a cancel message (ground rules 1 and 4). `Copy` so
-/// the wheel can move it around; claimed once with [`EntryRef::from_raw`].
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct RawEntry(NonNull<Header>);
-
-// SAFETY: a `RawEntry` is only a token that moves a reference between threads; the
-// reference itself is `Send` (see `EntryRef`).
-unsafe impl Send for RawEntry {}
-
-/// An entry whose Pending → Fired this thread won: it owns the callback.
-pub struct FiredEntry {
-    /// The reference the shard held.
-    entry: EntryRef,
-    /// Whether the callback has been moved out to run.
-    taken: bool,
-}
-
-impl FiredEntry {
-    /// Runs the callback on this thread. A panic propagates; the reference is released
-    /// either way.
-    pub fn run(mut self) {
-        self.taken = true;
-        let header = self.entry.0;
-        // SAFETY: the entry is live (we hold a reference) and we won Pending → Fired
-        // with the callback untaken (`taken` was false until the line above).
-        unsafe { (self.entry.header().vtable.run)(header) };
-    }
-}
-
-impl Drop for FiredEntry {
-    fn drop(&mut self) {
-        if !self.taken {
-            // SAFETY: live (we hold a reference); we won Pending → Fired and never took
-            // the callback, so we own it and drop it instead of running it.
-            unsafe { (self.entry.header().vtable.drop_callback)(self.entry.0) };
-        }
-    }
-}
-
-impl core::fmt::Debug for FiredEntry {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("FiredEntry")
-            .field("entry", &self.entry)
-            .field("taken", &self.taken)
-            .finish()
-    }
-}
-
-/// The shard's side of a cancel or reset: receives the message of a winning canceller
-/// whose entry was filed, or of a reset that moved a filed entry earlier.
-pub trait CancelSink: Sync {
-    /// Delivers a cancel message; must not lose it (ground rule 4).
-    fn send_cancel(&self, entry: RawEntry);
-    /// Delivers a move message for an entry now due at tick `deadline`; must not lose
-    /// it (ground rule 4).
-    fn send_move(&self, entry: EntryRef, deadline: u64);
-}
-
-/// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only under
-/// ground rule 4, so it needs no reference count of its own.
-pub struct CancelPort<S>(NonNull<S>);
-
-impl<S> CancelPort<S> {
-    /// A port to `sink`. The sink must stay at this address until it has received every
-    /// message of the entries it filed (the shard guarantees this before exiting).
-    pub fn new(sink: &S) -> Self {
-        CancelPort(NonNull::from(sink))
-    }
-}
-
-impl<S> Clone for CancelPort<S> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<S> Copy for CancelPort<S> {}
-
-// SAFETY: the port is dereferenced only as `&S` where `S: CancelSink: Sync`.
-unsafe impl<S: Sync> Send for CancelPort<S> {}
-// SAFETY: as for `Send`.
-unsafe impl<S: Sync> Sync for CancelPort<S> {}
-
-impl<S> core::fmt::Debug for CancelPort<S> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str("CancelPort")
-    }
-}
-
-/// The store of a shard's wheel. Called once per shard thread, which then upholds
-/// [`ShardStore::new`]'s obligations: it passes the store only `RawEntry`s made by
-/// [`ShardStore::release`] or popped from its cancel ring, and claims each once.
-pub fn shard_store() -> ShardStore {
-    // SAFETY: the shard loop (`shard.rs`) is the only caller; it keeps the store on
-    // its own thread and claims each reference once (see its ground rules).
-    unsafe { ShardStore::new() }
-}
-
-/// The wheel's view of entries in a shard: deadlines and places read through the
-/// entry pointers themselves.
-#[derive(Debug)]
-pub struct ShardStore(());
-
-impl ShardStore {
-    /// A store for one shard's wheel.
-    ///
-    /// # Safety
-    ///
-    /// - Every [`RawEntry`] passed to the store's methods carries an unclaimed
-    ///   reference (ground rule 1), and each is passed to [`claim`](Self::claim) at
-    ///   most once, after which it is not passed to the store again; and
-    /// - the store is used only by the shard thread that holds those references
-    ///   (ground rule 3).
-    pub unsafe fn new() -> Self {
-        ShardStore(())
-    }
-
-    /// The header of an entry the store may touch.
-    fn header(entry: RawEntry) -> &'static Header {
-        // SAFETY: `ShardStore::new`'s first point: `entry` carries a reference, so it
-        // is live while the wheel holds it; the `'static` never escapes a method here.
-        unsafe { entry.0.as_ref() }
-    }
-
-    /// Marks an entry held outside the wheel until a message arrives (ground rule 4).
-    pub(crate) fn set_aside(&mut self, entry: RawEntry, why: Aside) {
-        let position = match why {
-            Aside::Cancel => 0,
-            Aside::Move => 1,
-            Aside::DetachedMove => 2,
-        };
-        self.set_place(
-            entry,
-            Place {
-                list: ASIDE_LIST,
-                position,
-            },
-        );
-    }
-
-    /// Why the entry is held outside the wheel, or `None` if it is in the wheel.
-    pub(crate) fn aside(&self, entry: RawEntry) -> Option<Aside> {
-        let place = self.place(entry);
-        if place.list != ASIDE_LIST {
-            return None;
-        }
-        Some(match place.position {
-            0 => Aside::Cancel,
-            1 => Aside::Move,
-            _ => Aside::DetachedMove,
-        })
-    }
-
-    /// Marks an entry that left the wheel while cancelled (the loom models' view of
-    /// [`Aside::Cancel`]).
-    #[cfg(loom)]
-    pub fn set_awaiting_cancel(&mut self, entry: RawEntry) {
-        self.set_aside(entry, Aside::Cancel);
-    }
-
-    /// Whether the entry is out of the wheel awaiting a message (the loom models).
-    #[cfg(loom)]
-    pub fn is_awaiting_cancel(&self, entry: RawEntry) -> bool {
-        self.aside(entry).is_some()
-    }
-
-    /// Gives the shard's reference to the wheel as a [`RawEntry`].
-    pub fn release(&mut self, entry: EntryRef) -> RawEntry {
-        entry.into_raw()
-    }
-
-    /// Claims the reference a [`RawEntry`] from this shard's wheel or cancel ring
-    /// carries. Each reference is claimed once: a `RawEntry` handed back by the wheel,
-    /// or popped from the cancel ring, is claimed exactly once by the shard loop.
-    pub fn claim(&mut self, entry: RawEntry) -> EntryRef {
-        // SAFETY: `ShardStore::new`'s first point: `entry` carries an unclaimed
-        // reference, made by `release` (or, for a cancel message, the wheel's
-        // reference, ground rule 4); the shard loop claims it once.
-        unsafe { EntryRef::from_raw(entry) }
-    }
-}
-
-impl Store for ShardStore {
-    type Ref = RawEntry;
-
-    fn deadline(&self, entry: RawEntry) -> u64 {
-        // ORDERING: Relaxed: for filing only. A stale later value is corrected by the
-        // move message of the reset that moved it earlier; a stale earlier one makes
-        // the entry come due early, where `try_fire_due` re-checks with Acquire and
-        // re-files it.
-        Self::header(entry).deadline.load(Ordering::Relaxed)
-    }
-
-    fn place(&self, entry: RawEntry) -> Place {
-        // SAFETY: only the shard thread touches `place` (`ShardStore::new`'s second
-        // point), so this read races with no write.
-        Self::header(entry).place.with(|place| unsafe { *place })
-    }
-
-    fn set_place(&mut self, entry: RawEntry, place: Place) {
-        // SAFETY: only the shard thread touches `place`, so this write is exclusive.
-        Self::header(entry)
-            .place
-            .with_mut(|cell| unsafe { *cell = place });
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{Cancel, CancelPort, CancelSink, EntryRef, RawEntry};
-    use crate::handle::{TimerId, TimerState};
+    use super::{CancelPort, CancelSink, EntryRef};
+    use crate::id::{TimerId, TimerState};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
@@ -918,14 +520,15 @@ mod tests {
         (callback, ran, dropped)
     }
 
+    /// A sink that records the messages (it lives as long as the test).
     #[derive(Default)]
-    struct Sink(Mutex<Vec<RawEntry>>);
+    struct Sink(Mutex<Vec<EntryRef>>);
     impl CancelSink for Sink {
-        fn send_cancel(&self, entry: RawEntry) {
+        fn send_cancel(&self, entry: EntryRef) {
             self.0.lock().unwrap().push(entry);
         }
         fn send_move(&self, entry: EntryRef, _deadline: u64) {
-            self.0.lock().unwrap().push(entry.as_raw());
+            self.0.lock().unwrap().push(entry);
         }
     }
 
@@ -938,35 +541,42 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         assert_eq!(dropped.load(Ordering::SeqCst), 1);
         assert_eq!(handle.state(), TimerState::Fired);
-        assert_eq!(handle.try_cancel(), Cancel::Lost(TimerState::Fired));
+        let sink = Sink::default();
+        // SAFETY: the sink outlives every use of the port in this test.
+        let port = unsafe { CancelPort::new(&sink) };
+        assert!(handle.cancel(&port).is_none());
     }
 
     #[test]
-    fn cancel_drops_callback_at_once_and_sends_message_only_when_filed() {
+    fn cancel_drops_the_callback_last_and_sends_a_message_only_when_filed() {
         let sink = Sink::default();
-        let port = CancelPort::new(&sink);
+        // SAFETY: the sink outlives every use of the port in this test.
+        let port = unsafe { CancelPort::new(&sink) };
         let (callback, ran, dropped) = counted();
         let (handle, service) = EntryRef::new(TimerId::from_raw(2), 5, callback);
-        assert!(handle.cancel(&port));
+        let won = handle.cancel(&port).expect("pending: this cancel wins");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            0,
+            "not before the winner lets go"
+        );
+        drop(won);
         assert_eq!(
             dropped.load(Ordering::SeqCst),
             1,
             "dropped by the canceller"
         );
         assert!(sink.0.lock().unwrap().is_empty(), "unfiled: no message");
-        assert!(!handle.cancel(&port));
+        assert!(handle.cancel(&port).is_none());
         assert!(service.try_fire().is_err());
         assert_eq!(ran.load(Ordering::SeqCst), 0);
 
         let (callback, _, _) = counted();
         let (handle, service) = EntryRef::new(TimerId::from_raw(3), 5, callback);
         assert_eq!(service.mark_filed(), super::File::Filed);
-        let raw = service.into_raw();
-        assert!(handle.cancel(&port));
+        drop(handle.cancel(&port).expect("wins"));
         let message = sink.0.lock().unwrap().pop().expect("filed: one message");
-        assert_eq!(message, raw);
-        // SAFETY: the message names the service reference given up above, unclaimed.
-        drop(unsafe { EntryRef::from_raw(message) });
+        assert_eq!(message.as_ptr(), service.as_ptr(), "it names the entry");
     }
 
     #[test]
@@ -998,6 +608,20 @@ mod tests {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fired.run()));
         assert!(result.is_err());
         assert_eq!(handle.state(), TimerState::Fired);
+    }
+
+    #[test]
+    fn a_reset_while_claimed_waits_and_the_claim_fires_on_the_latest_deadline() {
+        let (handle, service) = EntryRef::new(TimerId::from_raw(7), 5, || {});
+        assert_eq!(service.mark_filed(), super::File::Filed);
+        let sink = Sink::default();
+        // SAFETY: the sink outlives every use of the port in this test.
+        let port = unsafe { CancelPort::new(&sink) };
+        assert!(handle.reset(20, &port), "later: one store");
+        match service.try_fire_due(10) {
+            super::Due::Later(entry) => drop(entry),
+            other => panic!("not due at 10 after a reset to 20: {other:?}"),
+        }
     }
 
     #[test]

@@ -19,6 +19,14 @@
 //! - Stopping: once `stopping` is set and the queues are empty, workers exit. Whoever
 //!   stops the pool first stops every submitter (the shards), so nothing is pushed
 //!   after the last worker looked.
+//! - A worker keeps the batch it is running in a thread-local slot (`CURRENT_BATCH`),
+//!   so that a callback that stops the service from this very worker
+//!   ([`Executor::run_queued_here`]) can run the rest of the batch, and whatever is
+//!   still queued, before its shutdown returns: "handed to the executor" means "runs
+//!   before shutdown returns", whichever thread calls it.
+//! - Panics: a task's panic is caught and counted; its payload is dropped under
+//!   `catch_unwind` too, and a payload whose own drop panics is forgotten (leaked)
+//!   rather than allowed to unwind out of the worker.
 
 #![forbid(unsafe_code)]
 
@@ -78,6 +86,48 @@ std::thread_local! {
 loom::thread_local! {
     /// As above, per model thread.
     static CURRENT_POOL: core::cell::Cell<usize> = core::cell::Cell::new(0);
+}
+
+/// The rest of the batch a worker is running: a `std::vec::IntoIter<T>` of its pool's
+/// task type, type-erased because a thread-local cannot be generic.
+type CurrentBatch = core::cell::RefCell<Option<Box<dyn core::any::Any>>>;
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The rest of the batch this worker is running (ground rules).
+    static CURRENT_BATCH: CurrentBatch = const { core::cell::RefCell::new(None) };
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above, per model thread.
+    static CURRENT_BATCH: CurrentBatch = core::cell::RefCell::new(None);
+}
+
+/// Runs `task`, catching a panic; returns whether it panicked. The payload is dropped
+/// under `catch_unwind` as well: a payload whose destructor panics must not unwind out
+/// of the worker, so the second payload is forgotten.
+fn run_caught<T: Task>(task: T) -> bool {
+    match catch_unwind(AssertUnwindSafe(|| task.run())) {
+        Ok(()) => false,
+        Err(payload) => {
+            if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+                core::mem::forget(again);
+            }
+            true
+        }
+    }
+}
+
+/// The next task of the calling worker's current batch, if any.
+fn next_of_current_batch<T: Task>() -> Option<T> {
+    CURRENT_BATCH.with(|batch| {
+        batch
+            .borrow_mut()
+            .as_mut()
+            .and_then(|rest| rest.downcast_mut::<std::vec::IntoIter<T>>())
+            .and_then(Iterator::next)
+    })
 }
 
 impl<T: Task> Executor<T> {
@@ -165,6 +215,35 @@ impl<T> Executor<T> {
         CURRENT_POOL.with(|pool| pool.get() == address)
     }
 
+    /// Runs, on the calling thread, everything handed to the pool and not yet run:
+    /// the rest of the calling worker's current batch, then whatever is still queued.
+    /// For a callback that stops the service from a worker of this pool, after the
+    /// submitters and the other workers have stopped; panics are caught and counted.
+    pub fn run_queued_here(&self)
+    where
+        T: Task,
+    {
+        if !self.is_current_worker() {
+            return;
+        }
+        let mut ran_panicked = 0;
+        while let Some(task) = next_of_current_batch::<T>() {
+            ran_panicked += u64::from(run_caught(task));
+        }
+        loop {
+            let stolen = core::iter::once(self.shared.injector.steal())
+                .chain(self.shared.stealers.iter().map(Stealer::steal))
+                .find_map(Steal::success);
+            let Some(batch) = stolen else { break };
+            for task in batch {
+                ran_panicked += u64::from(run_caught(task));
+            }
+        }
+        // ORDERING: Relaxed: a statistic; this worker's own counter (index 0 is as
+        // good as any: the sum is what is read).
+        self.shared.panicked[0].fetch_add(ran_panicked, Ordering::Relaxed);
+    }
+
     /// Tasks that panicked so far (exact at quiescence).
     pub fn panicked(&self) -> u64 {
         self.shared
@@ -201,8 +280,11 @@ fn worker_loop<T: Task>(shared: &Arc<Shared<T>>, index: usize, local: &Worker<Ve
     loop {
         if let Some(batch) = find_batch(shared, local) {
             backoff.reset();
-            for task in batch {
-                if catch_unwind(AssertUnwindSafe(|| task.run())).is_err() {
+            CURRENT_BATCH.with(|current| {
+                *current.borrow_mut() = Some(Box::new(batch.into_iter()));
+            });
+            while let Some(task) = next_of_current_batch::<T>() {
+                if run_caught(task) {
                     // ORDERING: Relaxed: a statistic written only by this worker.
                     shared.panicked[index].fetch_add(1, Ordering::Relaxed);
                 }

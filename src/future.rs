@@ -14,13 +14,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use crate::{ShardedTimer, TimerHandle};
+use crate::{ScheduleError, ShardedTimer, TimerHandle};
 
 /// The sleep's timer has not fired.
 const WAITING: u8 = 0;
 /// The sleep's timer fired: the deadline has passed.
 const ELAPSED: u8 = 1;
-/// The service shut down before the deadline (or refused the timer).
+/// The service shut down before the deadline, or refused the timer.
 const ABANDONED: u8 = 2;
 
 /// What a sleep's timer callback and its future share.
@@ -64,10 +64,15 @@ impl Drop for FinishOnDrop {
 /// and [`ShardedTimer::sleep_until`].
 ///
 /// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer (so a
-/// dropped `Sleep` leaves nothing pending). If the service shuts down, or has already
-/// shut down, while the sleep is pending, the sleep completes at once rather than
-/// hang (possibly before its deadline: [`Sleep::is_elapsed`] then says `false`).
-/// `poll` never panics.
+/// dropped `Sleep` leaves nothing pending).
+///
+/// When the service cannot keep the deadline — it shuts down while the sleep is
+/// pending, or refused the timer ([`ScheduleError::Shutdown`], or
+/// [`ScheduleError::TooManyPending`] under `max_pending`) — the sleep completes at once
+/// rather than hang, *before* its deadline: [`Sleep::is_elapsed`] then says `false`
+/// and [`Sleep::refused`] says why. A sleep's timer is never handed back by
+/// `shutdown` as an `Unfired`. Use [`ShardedTimer::try_sleep`] to be told of a
+/// refusal up front. `poll` never panics.
 ///
 /// # Examples
 ///
@@ -92,30 +97,48 @@ pub struct Sleep {
     shared: Arc<Shared>,
     /// The timer, while it may still fire; `None` if the service refused it.
     handle: Option<TimerHandle>,
+    /// Why the service refused the timer, if it did.
+    refused: Option<ScheduleError>,
     /// The deadline asked for.
     deadline: Instant,
 }
 
 impl Sleep {
-    /// Schedules the sleep's timer on `timer` for `deadline`.
+    /// Schedules the sleep's timer on `timer` for `deadline`. A refusal completes the
+    /// sleep at once, with the reason in `refused`.
     pub(crate) fn new(timer: &ShardedTimer, deadline: Instant) -> Sleep {
         let shared = Arc::new(Shared {
             outcome: AtomicU8::new(WAITING),
             waker: Mutex::new(None),
         });
         let guard = FinishOnDrop(shared.clone());
-        let handle = timer
-            .schedule_at(deadline, move || {
-                guard.0.finish(ELAPSED);
-            })
-            .ok();
-        // If the service refused the timer (shut down, or bounded), the callback and
-        // its guard are already dropped, which finished the sleep as abandoned.
+        // If the service refuses the timer, the callback and its guard are dropped,
+        // which finishes the sleep as abandoned.
+        let scheduled = timer.schedule_sleep(deadline, move || {
+            guard.0.finish(ELAPSED);
+        });
+        let (handle, refused) = match scheduled {
+            Ok(handle) => (Some(handle), None),
+            Err(error) => (None, Some(error)),
+        };
         Sleep {
             shared,
             handle,
+            refused,
             deadline,
         }
+    }
+
+    /// Why the service could not keep this sleep's deadline: `Some` once the sleep has
+    /// completed without elapsing (the service refused its timer, or shut down while
+    /// it was pending: [`ScheduleError::Shutdown`]); `None` while pending and after it
+    /// elapsed.
+    pub fn refused(&self) -> Option<ScheduleError> {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
+        if self.shared.outcome.load(Ordering::Acquire) != ABANDONED {
+            return None;
+        }
+        Some(self.refused.unwrap_or(ScheduleError::Shutdown))
     }
 
     /// The deadline asked for.
@@ -174,13 +197,30 @@ impl fmt::Debug for Sleep {
     }
 }
 
-/// The error of a [`Timeout`] whose deadline passed before its future completed.
+/// The error of a [`Timeout`] that gave up before its future completed: its deadline
+/// passed ([`refused`](Elapsed::refused) is `None`), or the service could not keep the
+/// deadline at all ([`refused`](Elapsed::refused) says why: it shut down, or refused the
+/// timer under `max_pending`) — then the deadline has *not* passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Elapsed(());
+pub struct Elapsed {
+    /// Why the service could not keep the deadline, if that is why.
+    refused: Option<ScheduleError>,
+}
+
+impl Elapsed {
+    /// `None` if the deadline really passed; otherwise why the service could not keep
+    /// it (and the deadline has not passed).
+    pub fn refused(&self) -> Option<ScheduleError> {
+        self.refused
+    }
+}
 
 impl fmt::Display for Elapsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("deadline has elapsed")
+        match self.refused {
+            None => f.write_str("deadline has elapsed"),
+            Some(error) => write!(f, "no deadline could be kept: {error}"),
+        }
     }
 }
 
@@ -192,7 +232,9 @@ impl std::error::Error for Elapsed {}
 /// first poll passes straight through, even if the deadline is already past), or
 /// `Err(Elapsed)` once the deadline passes. The inner future is boxed, so `Timeout` is
 /// `Unpin` whatever `F` is; it is `Send` when `F` is. Dropping it drops `F` and cancels
-/// the timer. If the service shuts down first, the timeout elapses rather than hang.
+/// the timer. If the service shuts down first, or refused the timer, it resolves to
+/// `Err` at once rather than hang, with [`Elapsed::refused`] saying why (the deadline
+/// has not passed); [`ShardedTimer::try_timeout`] reports a refusal up front instead.
 #[must_use = "a Timeout does nothing unless polled"]
 pub struct Timeout<F> {
     /// The future under the deadline.
@@ -224,7 +266,9 @@ impl<F: Future> Future for Timeout<F> {
             return Poll::Ready(Ok(output));
         }
         match Pin::new(&mut self.sleep).poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(Elapsed(()))),
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed {
+                refused: self.sleep.refused(),
+            })),
             Poll::Pending => Poll::Pending,
         }
     }
@@ -240,7 +284,8 @@ impl<F> fmt::Debug for Timeout<F> {
 
 impl ShardedTimer {
     /// A future that completes `d` after now (rounded up to the tick, like
-    /// [`schedule`](Self::schedule)). See [`Sleep`] for what happens at shutdown.
+    /// [`schedule`](Self::schedule)). See [`Sleep`] for what happens when the service
+    /// cannot keep the deadline.
     ///
     /// # Panics
     ///
@@ -259,13 +304,51 @@ impl ShardedTimer {
         Sleep::new(self, deadline)
     }
 
+    /// As [`sleep`](Self::sleep), but a refused timer is an error instead of a sleep
+    /// that completes at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule`](Self::schedule): [`ScheduleError::Shutdown`],
+    /// [`ScheduleError::TooManyPending`].
+    pub fn try_sleep(&self, d: std::time::Duration) -> Result<Sleep, ScheduleError> {
+        self.try_sleep_until(self.deadline_after(d))
+    }
+
+    /// As [`sleep_until`](Self::sleep_until), but a refused timer is an error.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_sleep`](Self::try_sleep).
+    pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
+        let sleep = Sleep::new(self, deadline);
+        match sleep.refused {
+            None => Ok(sleep),
+            Some(error) => Err(error),
+        }
+    }
+
     /// Runs `f` with a deadline `d` from now: `Ok(output)` if it completes first,
-    /// `Err(Elapsed)` otherwise. See [`Timeout`].
+    /// `Err(Elapsed)` otherwise. See [`Timeout`] for what happens when the service
+    /// cannot keep the deadline.
     ///
     /// # Panics
     ///
     /// Never.
     pub fn timeout<F: IntoFuture>(&self, d: std::time::Duration, f: F) -> Timeout<F::IntoFuture> {
         Timeout::new(f.into_future(), self.sleep(d))
+    }
+
+    /// As [`timeout`](Self::timeout), but a refused timer is an error up front.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_sleep`](Self::try_sleep); `f` is dropped.
+    pub fn try_timeout<F: IntoFuture>(
+        &self,
+        d: std::time::Duration,
+        f: F,
+    ) -> Result<Timeout<F::IntoFuture>, ScheduleError> {
+        Ok(Timeout::new(f.into_future(), self.try_sleep(d)?))
     }
 }

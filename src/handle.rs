@@ -1,105 +1,16 @@
-//! [`TimerHandle`], [`TimerId`], [`TimerState`] and [`Unfired`]: what a caller holds
-//! of a scheduled timer.
+//! [`TimerHandle`] and [`Unfired`]: what a caller holds of a scheduled timer.
 
 #![forbid(unsafe_code)]
 
-use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::entry::{CancelPort, EntryRef};
-use crate::shard::{PendingLimit, ShardShared};
+use crate::id::{TimerId, TimerState};
+use crate::limit::PendingLimit;
+use crate::shard::ShardShared;
 use crate::sync::Arc;
-
-/// Bits of a [`TimerId`] that count timers within one thread's prefix.
-const SEQUENCE_BITS: u32 = 40;
-/// Mask of the sequence bits.
-const SEQUENCE_MASK: u64 = (1 << SEQUENCE_BITS) - 1;
-
-/// The next unused thread prefix. Touched once per thread per 2^40 timers, never on the
-/// hot path.
-static NEXT_PREFIX: AtomicU64 = AtomicU64::new(1);
-
-#[cfg(not(loom))]
-std::thread_local! {
-    /// The last id this thread handed out (0: none yet).
-    static LAST_ID: Cell<u64> = const { Cell::new(0) };
-}
-
-#[cfg(loom)]
-loom::thread_local! {
-    /// The last id this model thread handed out (0: none yet).
-    static LAST_ID: Cell<u64> = Cell::new(0);
-}
-
-/// The state of a timer. See the crate docs for the transitions.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum TimerState {
-    /// Neither fired nor cancelled yet.
-    Pending,
-    /// Its deadline passed and its callback was handed to the executor (it may still
-    /// be running, or have finished).
-    Fired,
-    /// A [`TimerHandle::cancel`] won: the callback never runs and has been dropped.
-    Cancelled,
-}
-
-/// A timer's unique id: a per-thread prefix and a per-thread sequence number, so that
-/// making one touches no shared counter.
-///
-/// Ids are unique within the process (until one thread alone makes 2^40 timers 2^24
-/// times over). They are displayed as `prefix.sequence`.
-///
-/// # Examples
-///
-/// ```
-/// let timer = sharded_timer::ShardedTimer::new();
-/// let a = timer.schedule(std::time::Duration::from_secs(60), || {}).unwrap();
-/// let b = timer.schedule(std::time::Duration::from_secs(60), || {}).unwrap();
-/// assert_ne!(a.id(), b.id());
-/// println!("{}", a.id()); // e.g. "1.1"
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub struct TimerId(u64);
-
-impl TimerId {
-    /// A fresh id from the calling thread's prefix and sequence.
-    pub(crate) fn next() -> TimerId {
-        LAST_ID.with(|last| {
-            let mut id = last.get();
-            if id & SEQUENCE_MASK == SEQUENCE_MASK || id == 0 {
-                // ORDERING: Relaxed: uniqueness comes from the RMW alone.
-                id = NEXT_PREFIX.fetch_add(1, Ordering::Relaxed) << SEQUENCE_BITS;
-            }
-            id += 1;
-            last.set(id);
-            TimerId(id)
-        })
-    }
-
-    /// An id with the given bits (tests).
-    #[cfg(test)]
-    pub(crate) fn from_raw(bits: u64) -> TimerId {
-        TimerId(bits)
-    }
-
-    /// The shard this id routes to, among `shards`: Fibonacci hashing of the id
-    /// without its low 6 bits, so each run of 64 consecutive timers of one thread goes
-    /// to one shard (that ring's tail stays in the thread's cache for the run) and
-    /// successive runs spread over all shards.
-    pub(crate) fn shard_index(self, shards: usize) -> usize {
-        let hash = (self.0 >> 6).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-        (hash % shards as u64) as usize
-    }
-}
-
-impl fmt::Display for TimerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.0 >> SEQUENCE_BITS, self.0 & SEQUENCE_MASK)
-    }
-}
 
 /// A handle to one scheduled timer: cancel it, ask its state.
 ///
@@ -142,32 +53,40 @@ impl TimerHandle {
     ) -> Self {
         TimerHandle {
             entry,
-            port: CancelPort::new(shard),
+            port: shard.port(),
             limit,
             clock,
         }
     }
 
     /// Cancels the timer. Returns `true` iff this call moved it from Pending to
-    /// Cancelled: the callback will then never run and has already been dropped (its
-    /// captures are freed before `cancel` returns). Returns `false` if it had already
-    /// fired, been cancelled, or been handed back by
+    /// Cancelled: the callback will then never run (again). Returns `false` if it had
+    /// already fired, been cancelled, or been handed back by
     /// [`shutdown`](crate::ShardedTimer::shutdown) (it then belongs to its
-    /// [`Unfired`]). One atomic
-    /// compare-and-swap; if the timer is in a shard's wheel, one push to that shard's
-    /// cancel ring so its memory is freed promptly.
+    /// [`Unfired`]).
+    ///
+    /// One atomic compare-and-swap; if the timer is in a shard's wheel, one push to
+    /// that shard's message ring so its memory is freed promptly. A winning call drops
+    /// the callback on this thread, **last**: after the shard has been told and the
+    /// [`max_pending`](crate::Builder::max_pending) room is freed, so a capture whose
+    /// destructor panics, calls `shutdown`, or drops the last clone of the service
+    /// finds the service whole. Its captures are freed before `cancel` returns, except
+    /// for a repeating timer whose run is under way: that run finishes, and its runner
+    /// drops the callback when it returns (no later run starts).
     ///
     /// # Panics
     ///
-    /// Never; the callback's destructor runs on this thread and may panic itself.
+    /// Only if the callback's destructor panics (the panic propagates, after the
+    /// cancel has fully taken effect).
     pub fn cancel(&self) -> bool {
-        let won = self.entry.cancel(&self.port);
-        if won {
-            if let Some(limit) = &self.limit {
-                limit.release();
-            }
+        let Some(callback) = self.entry.cancel(&self.port) else {
+            return false;
+        };
+        if let Some(limit) = &self.limit {
+            limit.release();
         }
-        won
+        drop(callback);
+        true
     }
 
     /// The timer's state now. [`TimerState::Fired`] means the callback was handed to
@@ -191,13 +110,19 @@ impl TimerHandle {
 
     /// Moves the timer's deadline to `delay` from now. Returns `true` iff the timer was
     /// still pending: it then fires no earlier than the new deadline (rounded up to
-    /// the tick), however the old and new deadlines compare. Returns `false`, changing
-    /// nothing, if it had fired, been cancelled or been handed back by `shutdown`.
+    /// the tick), and within a tick (plus wake-up latency) of it, however the old and
+    /// new deadlines compare and however many resets came before. Returns `false`,
+    /// changing nothing, if it had fired, been cancelled or been handed back by
+    /// `shutdown`, and always for a repeating timer (made by
+    /// [`schedule_repeating`](crate::ShardedTimer::schedule_repeating)), which keeps
+    /// its fixed rate.
     ///
     /// Moving the deadline later (the keepalive case) is one atomic update: the shard
     /// re-files the timer when its old slot comes due, so a connection reset a million
     /// times costs a million stores, not a million allocations. Moving it earlier
-    /// also sends the timer's shard one message. `Duration::MAX` saturates, as in
+    /// also sends the timer's shard one message, which wakes it (unless a message of
+    /// an earlier reset is still on its way: the shard then reads this deadline when
+    /// that one arrives). `Duration::MAX` saturates, as in
     /// `schedule`.
     ///
     /// # Examples
@@ -224,8 +149,9 @@ impl TimerHandle {
         self.entry.reset(tick, &self.port)
     }
 
-    /// Moves the timer's deadline to `deadline`; as [`reset`](Self::reset). A past
-    /// deadline makes the timer due on the next tick.
+    /// Moves the timer's deadline to `deadline`; as [`reset`](Self::reset), including
+    /// `false` for a repeating timer. A past deadline makes the timer due on the next
+    /// tick.
     ///
     /// # Panics
     ///
@@ -302,7 +228,7 @@ impl Drop for Unfired {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
             // Dropped without running: cancel, which drops the callback now.
-            let _ = entry.cancel_detached();
+            drop(entry.cancel_detached());
         }
     }
 }

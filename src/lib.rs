@@ -62,12 +62,15 @@
 //!
 //! # Unsafe code
 //!
-//! Only three modules use `unsafe`, each owning one invariant (every other module is
+//! Only these modules use `unsafe`, each owning one invariant (every other module is
 //! `#![forbid(unsafe_code)]`):
 //!
 //! - `entry`: the entry allocation, its reference count, the callback cell (owned by
-//!   the winner of the state CAS) and the shard-only wheel place;
+//!   the winner of the state CAS, dropped last by a canceller) and the shard-only
+//!   wheel place;
 //! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
+//! - `shard` (one block, `ShardShared::port`) and its `core`: the shard outlives every
+//!   message it waits for, and claims each wheel pointer once;
 //! - `sync`: none of its own; it forwards to std or loom.
 //!
 //! [`schedule`]: ShardedTimer::schedule
@@ -112,6 +115,15 @@ mod error;
 mod executor;
 mod future;
 mod handle;
+mod id;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
+mod limit;
 #[cfg_attr(
     not(loom),
     allow(
@@ -142,17 +154,19 @@ pub use future::{Elapsed, Sleep, Timeout};
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::entry::{
-        shard_store, Cancel, CancelPort, CancelSink, Due, EntryRef, File, FiredEntry, Message,
-        RawEntry, RunningEntry, ShardStore, Snapshot,
+        Cancel, CancelPort, CancelSink, CancelledCallback, Due, EntryRef, File, FiredEntry,
+        Message, RunningEntry, Snapshot,
     };
     pub use crate::executor::{Executor, Task};
-    pub use crate::ring::{Cursor, CursorSeed, PushError, Ring};
-    pub use crate::shard::{Cursors, ShardShared, AWAKE, NEVER};
+    pub use crate::limit::PendingLimit;
+    pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
+    pub use crate::shard::{Cursors, Expired, ShardCore, ShardShared, AWAKE, NEVER};
 
     /// A fresh timer id (the models need one per entry).
     pub fn next_id() -> crate::TimerId {
         crate::TimerId::next()
     }
 }
-pub use handle::{TimerHandle, TimerId, TimerState, Unfired};
+pub use handle::{TimerHandle, Unfired};
+pub use id::{TimerId, TimerState};
 pub use timer::{Builder, ShardedTimer, Stats};

@@ -12,7 +12,7 @@
 //! its lap and a stale CAS cannot succeed (no ABA short of 2^63 pushes).
 //!
 //! The ring can be *closed* (bit 0 of `tail`): after [`Ring::close`] every push fails
-//! with [`PushError::Closed`], atomically with respect to reservations, and the
+//! with [`Reserve::Closed`], atomically with respect to reservations, and the
 //! consumer can drain exactly what was reserved before.
 //!
 //! # Ground rules
@@ -60,11 +60,67 @@ pub struct Ring<T> {
 pub struct Cursor {
     /// Next position to pop.
     head: usize,
-    /// Address of the ring this cursor belongs to (checked in debug builds).
+    /// Address of the ring this cursor belongs to (checked by every `pop`).
     ring: usize,
 }
 
+/// Why a reservation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reserve {
+    /// Every slot holds an unconsumed value.
+    Full,
+    /// The ring was closed.
+    Closed,
+}
+
+use Reserve::{Closed, Full};
+
+/// A reserved position of a [`Ring`], to be published exactly once. Dropping it
+/// unpublished would leave the consumer waiting at this position for ever, so
+/// [`publish`](Self::publish) is the only way to let it go (and nothing between
+/// [`Ring::reserve`] and `publish` may panic in its users).
+#[must_use = "a reservation must be published, or the consumer waits for it for ever"]
+pub struct Reservation<'a, T> {
+    /// The reserved slot.
+    slot: &'a Slot<T>,
+    /// The reserved position.
+    position: usize,
+}
+
+impl<T> Reservation<'_, T> {
+    /// The reserved position (positions count reservations).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Writes `value` and publishes it to the consumer. The last access to the ring:
+    /// once the stamp is stored the consumer may pop the value, and the ring's owner
+    /// may go away.
+    pub fn publish(self, value: T) {
+        // SAFETY: our CAS in `reserve` reserved `position` while the stamp said the
+        // slot is free for it, so we are its only writer until we publish (ground
+        // rules); the consumer does not read it yet.
+        self.slot
+            .value
+            .with_mut(|cell| unsafe { (*cell).write(value) });
+        // ORDERING: Release pairs with the consumer's Acquire load of the stamp in
+        // `pop`: the value write happens-before its read.
+        self.slot
+            .stamp
+            .store(self.position.wrapping_add(1), Ordering::Release);
+    }
+}
+
+impl<T> core::fmt::Debug for Reservation<'_, T> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("position", &self.position)
+            .finish()
+    }
+}
+
 /// Why a push failed; the value comes back.
+#[cfg(any(test, loom))]
 #[derive(Debug, PartialEq, Eq)]
 pub enum PushError<T> {
     /// Every slot holds an unconsumed value.
@@ -103,19 +159,43 @@ impl<T> Ring<T> {
         self.mask + 1
     }
 
-    /// Pushes `value`; returns the position it was given (positions count pushes).
+    /// Pushes `value`; returns the position it was given (positions count pushes). The
+    /// service reserves and publishes separately (see [`reserve`](Self::reserve)); this
+    /// is the tests' and models' shorthand.
     ///
     /// # Errors
     ///
     /// [`PushError::Full`] if every slot holds an unconsumed value, and
     /// [`PushError::Closed`] after [`close`](Ring::close); the value comes back.
+    #[cfg(any(test, loom))]
     pub fn push(&self, value: T) -> Result<usize, PushError<T>> {
+        match self.reserve() {
+            Ok(reservation) => {
+                let position = reservation.position();
+                reservation.publish(value);
+                Ok(position)
+            }
+            Err(Full) => Err(PushError::Full(value)),
+            Err(Closed) => Err(PushError::Closed(value)),
+        }
+    }
+
+    /// Reserves the next position, to be filled by [`Reservation::publish`]. Between
+    /// the two the consumer sees the position as pending ([`has_pending`](Self::has_pending))
+    /// but cannot pop it, so a producer can act on the ring's owner (wake it) while the
+    /// owner still waits for its value, and touch nothing after publishing.
+    ///
+    /// # Errors
+    ///
+    /// [`Reserve::Full`] if every slot holds an unconsumed value, [`Reserve::Closed`]
+    /// after [`close`](Ring::close).
+    pub fn reserve(&self) -> Result<Reservation<'_, T>, Reserve> {
         // ORDERING: Relaxed: the tail is only a guess here; the stamp check and the
         // CAS below validate it.
         let mut tail = self.tail.load(Ordering::Relaxed);
         loop {
             if tail & CLOSED != 0 {
-                return Err(PushError::Closed(value));
+                return Err(Closed);
             }
             let position = tail >> POSITION_SHIFT;
             let slot = &self.slots[position & self.mask];
@@ -126,27 +206,18 @@ impl<T> Ring<T> {
             if lag == 0 {
                 // ORDERING: success Relaxed, as in Vyukov's queue: the reservation
                 // publishes nothing (the value is published by the stamp's Release
-                // store below, and the previous lap's read was ordered by the Acquire
-                // stamp load above); the RMW alone makes reservations unique. The park
-                // handshake in `shard.rs` orders this store against the shard with a
-                // SeqCst fence after `push` returns. Failure Relaxed: we retry.
+                // store in `publish`, and the previous lap's read was ordered by the
+                // Acquire stamp load above); the RMW alone makes reservations unique.
+                // The park handshake in `shard.rs` orders this store against the shard
+                // with a SeqCst fence after `reserve` returns. Failure Relaxed: we
+                // retry.
                 match self.tail.compare_exchange_weak(
                     tail,
                     tail + (1 << POSITION_SHIFT),
                     Ordering::Relaxed,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => {
-                        // SAFETY: our CAS reserved `position` while the stamp said the
-                        // slot is free for it, so we are its only writer until we
-                        // publish (ground rules); the consumer does not read it yet.
-                        slot.value.with_mut(|cell| unsafe { (*cell).write(value) });
-                        // ORDERING: Release pairs with the consumer's Acquire load of
-                        // the stamp in `pop`: the value write happens-before its read.
-                        slot.stamp
-                            .store(position.wrapping_add(1), Ordering::Release);
-                        return Ok(position);
-                    }
+                    Ok(_) => return Ok(Reservation { slot, position }),
                     Err(actual) => tail = actual,
                 }
             } else if lag < 0 {
@@ -155,7 +226,7 @@ impl<T> Ring<T> {
                 // ORDERING: Relaxed: a re-check of the guess, validated as above.
                 let fresh = self.tail.load(Ordering::Relaxed);
                 if fresh == tail {
-                    return Err(PushError::Full(value));
+                    return Err(Full);
                 }
                 tail = fresh;
             } else {
@@ -180,9 +251,12 @@ impl<T> Ring<T> {
     /// Pops the oldest published value, or `None` if the next position is not yet
     /// published (empty, or reserved by a producer that has not written yet).
     pub fn pop(&self, cursor: &mut Cursor) -> Option<T> {
-        debug_assert_eq!(
+        // One comparison per pop: a cursor used on another ring would read slots that
+        // ring's consumer also reads, which is undefined behaviour, so this is checked
+        // in release builds too.
+        assert_eq!(
             cursor.ring, self as *const Self as usize,
-            "a cursor pops only its own ring; another ring's would be undefined behaviour"
+            "ring invariant: a cursor pops only the ring it was made for"
         );
         let position = cursor.head;
         let slot = &self.slots[position & self.mask];

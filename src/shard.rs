@@ -1,10 +1,11 @@
-//! One shard: a thread that owns a timing wheel and drains its insert and cancel
-//! rings, advances the wheel to the current tick, fires what is due and parks until
-//! its next expiry.
+//! One shard: a thread that runs its [`ShardCore`] in a loop — drain the insert and
+//! message rings, advance the wheel to the current tick, hand what fired to the
+//! executor — and parks until its next expiry. [`ShardShared`] is what producers and
+//! handles reach: the two rings, the park handshake, the stop flag.
 //!
 //! # Ground rules
 //!
-//! - The wheel, the [`ShardStore`] and both ring cursors belong to the shard thread.
+//! - The core (wheel, store, ring cursors) belongs to the shard thread.
 //! - **Park handshake.** Before parking, the shard publishes the tick it will sleep
 //!   until in `next_wake`, issues a SeqCst fence, and re-checks both rings' tails. A
 //!   producer reserves its ring slot, issues a SeqCst fence, then reads `next_wake`
@@ -16,27 +17,44 @@
 //!   the form loom can check (it treats SeqCst accesses as AcqRel), modelled in
 //!   `loom-tests/tests/park.rs`. While awake the shard publishes [`AWAKE`], so
 //!   producers do not unpark it.
-//! - **Shutdown.** The shard closes its insert ring and drains it, empties its wheel
-//!   (clearing `FILED` on each entry), then drains its cancel ring until every
-//!   outstanding cancel message has arrived (entry ground rule 4). Pending timers come
-//!   back to the caller.
+//! - **Publish last.** A producer decides on and performs the wake-up *between*
+//!   reserving its slot and publishing its value; publishing is its last access to
+//!   the shard. Until then the shard cannot pop the value, so a shard that waits for
+//!   that message at shutdown is still there; after it, the shard may exit and be
+//!   freed (entry ground rule 4; `loom-tests/tests/sink_lifetime.rs`).
+//! - **Shutdown.** See [`ShardCore::shut_down`]: the shard exits only after every
+//!   message it knows to be coming has arrived. Pending timers come back to the
+//!   caller. Repeating timers whose run ends after their shard stopped go to `late`;
+//!   the service collects them once, then seals it, and a run ending after that
+//!   cancels its timer (the callback that shut the service down from inside its own
+//!   run is one).
+//!
+//! # Threads
+//!
+//! | function | runs on |
+//! | --- | --- |
+//! | `push_insert`, `send_cancel`, `send_move` | callers of `schedule`, `cancel`, `reset`; executor workers (a repeating timer's next run) |
+//! | `ShardThread::run`, everything in `ShardCore` | the shard thread (loom models: the model's main thread) |
+//! | `RunTask::run` | an executor worker |
+//! | `request_stop`, `take_late` | the caller of `shutdown` |
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+
+mod core;
 
 use std::time::Instant;
 
 use crate::clock::Clock;
-use crate::entry::{
-    Aside, CancelSink, Due, EntryRef, File, FiredEntry, Message, RawEntry, RunningEntry, ShardStore,
-};
+use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
 use crate::executor::{Executor, Task};
-use crate::handle::TimerState;
-use crate::ring::{Cursor, PushError, Ring};
+use crate::limit::PendingLimit;
+use crate::ring::{Cursor, Reserve, Ring};
 use crate::sync::{
-    fence, thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Mutex, Ordering,
+    fence, thread, Arc, AtomicBool, AtomicU64, Backoff, CachePadded, Canary, Mutex, Ordering,
     ThreadSlot,
 };
-use crate::wheel::Wheel;
+
+pub use self::core::{Expired, ShardCore};
 
 /// `next_wake` while the shard is running: no producer needs to wake it.
 pub const AWAKE: u64 = 0;
@@ -92,12 +110,7 @@ impl RunTask {
         }
         if let Some(entry) = running.finish() {
             if let Err(entry) = shard.push_insert(entry, next) {
-                // The shard has shut down: `shutdown` hands this one back too.
-                shard
-                    .late
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(entry);
+                shard.hand_back_late(entry);
             }
         }
         if let Err(panic) = outcome {
@@ -112,7 +125,7 @@ impl RunTask {
 pub struct ShardStats {
     /// Timers taken from the insert ring.
     pub scheduled: AtomicU64,
-    /// Timers that won Pending → Fired.
+    /// Timers that won Pending → Fired (and runs of repeating timers).
     pub fired: AtomicU64,
     /// Cancelled timers the shard has discarded or unlinked.
     pub cancelled: AtomicU64,
@@ -121,54 +134,22 @@ pub struct ShardStats {
 impl ShardStats {
     /// Adds `n` to a counter only this thread writes.
     fn bump(counter: &AtomicU64, n: u64) {
+        if n == 0 {
+            return;
+        }
         // ORDERING: Relaxed: a single-writer statistic; readers want a value, not a
         // happens-before edge.
         counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
 }
 
-/// The optional bound of `Builder::max_pending`: one shared counter of pending
-/// timers. Only services built with a limit pay for it.
-#[derive(Debug)]
-pub(crate) struct PendingLimit {
-    /// Timers scheduled and neither fired nor cancelled.
-    pending: CachePadded<AtomicUsize>,
-    /// The configured limit.
-    limit: usize,
-}
-
-impl PendingLimit {
-    /// A limit of `limit` pending timers.
-    pub(crate) fn new(limit: usize) -> Self {
-        PendingLimit {
-            pending: CachePadded::new(AtomicUsize::new(0)),
-            limit,
-        }
-    }
-
-    /// The configured limit.
-    pub(crate) fn limit(&self) -> usize {
-        self.limit
-    }
-
-    /// Takes room for one timer, or fails if `limit` are pending.
-    pub(crate) fn try_acquire(&self) -> bool {
-        // ORDERING: Relaxed: the counter guards no other memory; the RMW alone keeps
-        // it exact, so at most `limit` acquisitions are outstanding.
-        let previous = self.pending.fetch_add(1, Ordering::Relaxed);
-        if previous >= self.limit {
-            // ORDERING: Relaxed, as above.
-            self.pending.fetch_sub(1, Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    /// Frees the room of one timer that fired or was cancelled.
-    pub(crate) fn release(&self) {
-        // ORDERING: Relaxed, as in `try_acquire`.
-        self.pending.fetch_sub(1, Ordering::Relaxed);
-    }
+/// Repeating timers whose run ended after their shard stopped.
+#[derive(Debug, Default)]
+struct Late {
+    /// Waiting for `shutdown` to hand them back.
+    entries: Vec<EntryRef>,
+    /// Set once `shutdown` has collected `entries`; later arrivals are cancelled.
+    sealed: bool,
 }
 
 /// What producers, cancellers and the façade share with one shard thread.
@@ -176,8 +157,8 @@ impl PendingLimit {
 pub struct ShardShared {
     /// New timers, carrying the service reference (entry ground rule 1).
     insert: Ring<EntryRef>,
-    /// Cancel and move messages (entry ground rule 4).
-    cancel: Ring<Message>,
+    /// Cancel and move messages, each owning a reference (entry ground rule 4).
+    messages: Ring<Message>,
     /// The tick the shard sleeps until: [`AWAKE`] while running, [`NEVER`] when idle.
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
@@ -192,35 +173,11 @@ pub struct ShardShared {
     /// written by executor threads (Relaxed `fetch_add`), exact at quiescence.
     pub(crate) skipped: AtomicU64,
     /// Repeating timers whose next run could not be filed because the shard had shut
-    /// down; `shutdown` hands them back.
-    late: Mutex<Vec<EntryRef>>,
-}
-
-/// What the shard thread holds: its wheel and the entries it keeps aside.
-struct Held {
-    /// The timing wheel over this shard's entries.
-    wheel: Wheel<RawEntry>,
-    /// The wheel's view of the entries.
-    store: ShardStore,
-    /// Entries held outside the wheel, waiting for a cancel or move message.
-    aside: usize,
-    /// Entries handed back at shutdown whose move message is still coming.
-    detached_moves: usize,
-}
-
-/// The shard thread's own state.
-#[derive(Debug)]
-pub(crate) struct ShardThread {
-    /// Shared with producers.
-    shared: Arc<ShardShared>,
-    /// The rings' consumer cursors.
-    cursors: Cursors,
-    /// Ticks ↔ instants.
-    clock: Clock,
-    /// Where fired timers go.
-    executor: Executor<ShardTask>,
-    /// Room freed on fire, when the service has a limit.
-    limit: Option<Arc<PendingLimit>>,
+    /// down.
+    late: Mutex<Late>,
+    /// Touched by senders, retired by the shard at the end of its shutdown: lets loom
+    /// see a sender that reads the shard after its last message (ground rules).
+    canary: Canary,
 }
 
 /// The consumer cursors of a shard's two rings; they belong to the shard thread.
@@ -228,8 +185,20 @@ pub(crate) struct ShardThread {
 pub struct Cursors {
     /// The insert ring's cursor.
     insert: Cursor,
-    /// The cancel ring's cursor.
-    cancel: Cursor,
+    /// The message ring's cursor.
+    messages: Cursor,
+}
+
+/// How a push decides whether to wake the shard.
+#[derive(Clone, Copy, Debug)]
+enum Wake {
+    /// If the shard sleeps past this tick (a new timer's deadline).
+    Before(u64),
+    /// If the shard sleeps with nothing to do (a cancel: it frees memory, never urgent).
+    IfIdle,
+    /// Always (a move: later resets of the same timer may have moved it earlier still
+    /// without a message of their own; the shard reads the latest deadline on arrival).
+    Always,
 }
 
 impl ShardShared {
@@ -237,22 +206,35 @@ impl ShardShared {
     /// that only its thread may use.
     pub fn new(ring_capacity: usize) -> (Arc<ShardShared>, Cursors) {
         let (insert, insert_seed) = Ring::new(ring_capacity);
-        let (cancel, cancel_seed) = Ring::new(ring_capacity);
+        let (messages, messages_seed) = Ring::new(ring_capacity);
         let shared = Arc::new(ShardShared {
             insert,
-            cancel,
+            messages,
             next_wake: CachePadded::new(AtomicU64::new(AWAKE)),
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
             skipped: AtomicU64::new(0),
-            late: Mutex::new(Vec::new()),
+            late: Mutex::new(Late::default()),
+            canary: Canary::new(),
         });
         let cursors = Cursors {
             insert: insert_seed.cursor(&shared.insert),
-            cancel: cancel_seed.cursor(&shared.cancel),
+            messages: messages_seed.cursor(&shared.messages),
         };
         (shared, cursors)
+    }
+
+    /// The port a timer handle keeps to send this shard its messages.
+    #[allow(
+        unsafe_code,
+        reason = "the shard owns the invariant that makes the port sound"
+    )]
+    pub fn port(&self) -> CancelPort<ShardShared> {
+        // SAFETY: the shard stays at this address (inside its `Arc`, held by its
+        // thread) until `ShardCore::shut_down` has received every message entry ground
+        // rule 4 makes it wait for, and `CancelPort` sends only such messages.
+        unsafe { CancelPort::new(self) }
     }
 
     /// The store half of the park handshake (ground rules): publishes that the shard
@@ -262,11 +244,11 @@ impl ShardShared {
     pub fn prepare_park(&self, cursors: &Cursors, wake: u64) -> bool {
         // ORDERING: Relaxed store, then a SeqCst fence before re-checking the rings:
         // the shard's half of the park handshake (ground rules), pairing with the
-        // fence after a producer's push.
+        // fence after a producer's reservation.
         self.next_wake.store(wake, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        let work_arrived =
-            self.insert.has_pending(&cursors.insert) || self.cancel.has_pending(&cursors.cancel);
+        let work_arrived = self.insert.has_pending(&cursors.insert)
+            || self.messages.has_pending(&cursors.messages);
         // ORDERING: Acquire pairs with `request_stop`'s Release store.
         if work_arrived || self.stop.load(Ordering::Acquire) {
             self.wake_up();
@@ -281,18 +263,6 @@ impl ShardShared {
         self.next_wake.store(AWAKE, Ordering::Relaxed);
     }
 
-    /// Pops one new timer (the loom models' shard side). Shard thread only.
-    #[cfg(loom)]
-    pub fn pop_insert(&self, cursors: &mut Cursors) -> Option<EntryRef> {
-        self.insert.pop(&mut cursors.insert)
-    }
-
-    /// Pops one message (the loom models' shard side). Shard thread only.
-    #[cfg(loom)]
-    pub fn pop_cancel(&self, cursors: &mut Cursors) -> Option<Message> {
-        self.cancel.pop(&mut cursors.cancel)
-    }
-
     /// Records the shard's thread so producers can unpark it.
     pub fn set_thread(&self, handle: thread::Thread) {
         self.thread.set(handle);
@@ -305,47 +275,49 @@ impl ShardShared {
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
     pub fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
-        self.push_and_wake(&self.insert, entry, deadline, false)
+        self.push_and_wake(&self.insert, entry, Wake::Before(deadline))
     }
 
-    /// Pushes `value` into `ring` (one of this shard's), backing off and waking the
-    /// shard while the ring is full; then wakes it if it sleeps past `deadline`, or
-    /// (with `wake_idle`) sleeps with nothing to do, or the ring is filling. The
-    /// producer's half of the park handshake (ground rules).
+    /// Reserves a slot in `ring` (one of this shard's), backing off and waking the
+    /// shard while the ring is full; wakes the shard as `wake` says or if the ring is
+    /// filling; and publishes `value` last (ground rules: the producer's half of the
+    /// park handshake, and "publish last").
     ///
     /// # Errors
     ///
     /// The value comes back if the ring is closed.
-    fn push_and_wake<T>(
-        &self,
-        ring: &Ring<T>,
-        value: T,
-        deadline: u64,
-        wake_idle: bool,
-    ) -> Result<(), T> {
+    fn push_and_wake<T>(&self, ring: &Ring<T>, value: T, wake: Wake) -> Result<(), T> {
         let backoff = Backoff::new();
-        let mut value = value;
         loop {
-            match ring.push(value) {
-                Ok(position) => {
-                    // ORDERING: this SeqCst fence, between our reservation in `push`
-                    // and our read of `next_wake`, pairs with the fence in
-                    // `prepare_park`; the read itself can then be Relaxed.
+            match ring.reserve() {
+                Ok(reservation) => {
+                    // ORDERING: this SeqCst fence, between our reservation and our read
+                    // of `next_wake`, pairs with the fence in `prepare_park`; the read
+                    // itself can then be Relaxed.
                     fence(Ordering::SeqCst);
+                    self.canary.touch();
                     // ORDERING: Relaxed: ordered by the fence above.
-                    let wake = self.next_wake.load(Ordering::Relaxed);
-                    let idle = wake_idle && wake == NEVER;
-                    if deadline < wake || idle || self.is_filling(position) {
+                    let sleeps_until = self.next_wake.load(Ordering::Relaxed);
+                    let urgent = match wake {
+                        Wake::Before(deadline) => deadline < sleeps_until,
+                        Wake::IfIdle => sleeps_until == NEVER,
+                        Wake::Always => true,
+                    };
+                    if urgent || self.is_filling(reservation.position()) {
+                        // Before publishing: a shard woken now finds the position
+                        // reserved and does not park again until it is published.
                         self.thread.unpark();
                     }
+                    // The last access to the shard (ground rules: publish last).
+                    reservation.publish(value);
                     return Ok(());
                 }
-                Err(PushError::Full(back)) => {
-                    value = back;
+                Err(Reserve::Full) => {
+                    self.canary.touch();
                     self.thread.unpark();
                     backoff.snooze();
                 }
-                Err(PushError::Closed(back)) => return Err(back),
+                Err(Reserve::Closed) => return Err(value),
             }
         }
     }
@@ -363,9 +335,26 @@ impl ShardShared {
         self.thread.unpark();
     }
 
-    /// Takes the repeating timers that came back after the shard shut down.
+    /// A repeating timer whose run ended after the shard shut down: kept for
+    /// `shutdown` to hand back, or, once `shutdown` has collected them, cancelled (its
+    /// callback dropped here, after the lock is released).
+    fn hand_back_late(&self, entry: EntryRef) {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        if !late.sealed {
+            late.entries.push(entry);
+            return;
+        }
+        drop(late);
+        let _ = entry.detach();
+        drop(entry.cancel_detached());
+    }
+
+    /// Takes the repeating timers that came back after the shard shut down, and seals
+    /// the list: a run ending later cancels its timer.
     pub(crate) fn take_late(&self) -> Vec<EntryRef> {
-        core::mem::take(&mut *self.late.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        late.sealed = true;
+        ::core::mem::take(&mut late.entries)
     }
 
     /// Asks the shard to shut down and wakes it.
@@ -376,31 +365,45 @@ impl ShardShared {
         self.stop.store(true, Ordering::Release);
         self.thread.unpark();
     }
-}
 
-impl ShardShared {
-    /// Sends a message. An idle shard (nothing in its wheel) is woken so the message
-    /// is processed and counted now; a busy one processes it at its next wake-up, at
-    /// the latest after half a ring of messages.
-    fn send_message(&self, message: Message, deadline: u64) {
-        if self
-            .push_and_wake(&self.cancel, message, deadline, true)
-            .is_err()
-        {
+    /// Whether shutdown was requested. Shard thread only.
+    pub fn is_stopping(&self) -> bool {
+        // ORDERING: Acquire pairs with the Release store in `request_stop`.
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Marks the end of the shard's use of this state (the canary; ground rules).
+    fn retire(&self) {
+        self.canary.retire();
+    }
+
+    /// Sends a message, waking the shard as `wake` says.
+    fn send_message(&self, message: Message, wake: Wake) {
+        if self.push_and_wake(&self.messages, message, wake).is_err() {
             unreachable!("message ring invariant: the message ring is never closed");
         }
     }
 }
 
 impl CancelSink for ShardShared {
-    fn send_cancel(&self, entry: RawEntry) {
-        // A cancel frees memory but is never urgent: no earlier wake-up needed.
-        self.send_message(Message::Cancel(entry), NEVER);
+    fn send_cancel(&self, entry: EntryRef) {
+        self.send_message(Message::Cancel(entry), Wake::IfIdle);
     }
 
-    fn send_move(&self, entry: EntryRef, deadline: u64) {
-        self.send_message(Message::Move(entry), deadline);
+    fn send_move(&self, entry: EntryRef, _deadline: u64) {
+        self.send_message(Message::Move(entry), Wake::Always);
     }
+}
+
+/// The shard thread's own state.
+#[derive(Debug)]
+pub(crate) struct ShardThread {
+    /// The deterministic core.
+    core: ShardCore,
+    /// Ticks ↔ instants.
+    clock: Clock,
+    /// Where fired timers go.
+    executor: Executor<ShardTask>,
 }
 
 impl ShardThread {
@@ -413,11 +416,9 @@ impl ShardThread {
         limit: Option<Arc<PendingLimit>>,
     ) -> Self {
         ShardThread {
-            shared,
-            cursors,
+            core: ShardCore::new(shared, cursors, clock.now_tick(), limit),
             clock,
             executor,
-            limit,
         }
     }
 
@@ -429,177 +430,42 @@ impl ShardThread {
         }
         #[cfg(loom)]
         let _ = pin_to;
-        let mut held = Held {
-            wheel: Wheel::new(self.clock.now_tick()),
-            store: crate::entry::shard_store(),
-            aside: 0,
-            detached_moves: 0,
-        };
+        let shared = self.core.shared().clone();
         let mut fired: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
-        let mut refile = Vec::new();
         loop {
-            self.drain_inserts(&mut held);
-            self.drain_messages(&mut held);
+            self.core.drain_inserts();
+            self.core.drain_messages();
             let now = self.clock.now_tick();
-            let Held {
-                wheel,
-                store,
-                aside,
-                ..
-            } = &mut held;
-            wheel.advance(store, now, &mut |store, raw| {
-                self.expire(store, now, raw, &mut fired, &mut refile, aside);
+            let (executor, clock) = (&self.executor, self.clock);
+            self.core.expire(now, &mut |expired| {
+                let task = match expired {
+                    Expired::Fired(task) => ShardTask::Fired(task),
+                    Expired::Run(running) => ShardTask::Run(RunTask {
+                        running,
+                        shard: shared.clone(),
+                        clock,
+                    }),
+                };
+                fired.push(task);
+                if fired.len() == FIRE_BATCH {
+                    executor.submit(::core::mem::replace(
+                        &mut fired,
+                        Vec::with_capacity(FIRE_BATCH),
+                    ));
+                }
             });
-            // Entries whose deadline moved later (or whose reset is under way) go back
-            // into the wheel at their current deadline.
-            for raw in refile.drain(..) {
-                wheel.insert(store, raw);
-            }
             if !fired.is_empty() {
-                self.executor.submit(core::mem::replace(
+                self.executor.submit(::core::mem::replace(
                     &mut fired,
                     Vec::with_capacity(FIRE_BATCH),
                 ));
             }
-            // ORDERING: Acquire pairs with the Release store in `request_stop`.
-            if self.shared.stop.load(Ordering::Acquire) {
+            if shared.is_stopping() {
                 break;
             }
-            self.park_until(held.wheel.next_expiry());
+            self.park_until(self.core.next_expiry());
         }
-        self.shut_down(&mut held)
-    }
-
-    /// Fires `raw` if it is due at tick `now` by its latest deadline, handing it to
-    /// the executor in batches; one whose deadline moved later, or whose reset or move
-    /// is under way, goes to `refile`; one cancelled while filed is held aside for its
-    /// cancel message.
-    fn expire(
-        &self,
-        store: &mut ShardStore,
-        now: u64,
-        raw: RawEntry,
-        fired: &mut Vec<ShardTask>,
-        refile: &mut Vec<RawEntry>,
-        aside: &mut usize,
-    ) {
-        let entry = store.claim(raw);
-        match entry.try_fire_due(now) {
-            Due::Fired(task) => {
-                ShardStats::bump(&self.shared.stats.fired, 1);
-                if let Some(limit) = &self.limit {
-                    limit.release();
-                }
-                self.hand_over(fired, ShardTask::Fired(task));
-            }
-            Due::Run(running) => {
-                // A repeating timer's run: it stays pending (no room freed).
-                ShardStats::bump(&self.shared.stats.fired, 1);
-                let task = RunTask {
-                    running,
-                    shard: self.shared.clone(),
-                    clock: self.clock,
-                };
-                self.hand_over(fired, ShardTask::Run(task));
-            }
-            Due::Later(entry) => refile.push(store.release(entry)),
-            Due::Cancelled(entry) => {
-                // Cancelled while filed: its message is on the way, and the wheel's
-                // reference stays until it arrives (ground rule 4).
-                let raw = store.release(entry);
-                store.set_aside(raw, Aside::Cancel);
-                *aside += 1;
-            }
-        }
-    }
-
-    /// Adds `task` to the batch, handing the batch to the executor once full.
-    fn hand_over(&self, fired: &mut Vec<ShardTask>, task: ShardTask) {
-        fired.push(task);
-        if fired.len() == FIRE_BATCH {
-            self.executor
-                .submit(core::mem::replace(fired, Vec::with_capacity(FIRE_BATCH)));
-        }
-    }
-
-    /// Files new timers; at most one ring's worth per call so expiry is not starved.
-    fn drain_inserts(&mut self, held: &mut Held) {
-        let mut drained = 0u64;
-        while drained < self.shared.insert.capacity() as u64 {
-            let Some(entry) = self.shared.insert.pop(&mut self.cursors.insert) else {
-                break;
-            };
-            drained += 1;
-            match entry.mark_filed() {
-                File::Filed => {
-                    let raw = held.store.release(entry);
-                    held.wheel.insert(&mut held.store, raw);
-                }
-                File::AlreadyCancelled => {
-                    ShardStats::bump(&self.shared.stats.cancelled, 1);
-                    drop(entry);
-                }
-            }
-        }
-        ShardStats::bump(&self.shared.stats.scheduled, drained);
-    }
-
-    /// Processes cancel and move messages; returns how many.
-    fn drain_messages(&mut self, held: &mut Held) -> usize {
-        let mut drained = 0;
-        let mut cancelled = 0;
-        while drained < self.shared.cancel.capacity() {
-            let Some(message) = self.shared.cancel.pop(&mut self.cursors.cancel) else {
-                break;
-            };
-            drained += 1;
-            match message {
-                Message::Cancel(raw) => {
-                    cancelled += 1;
-                    match held.store.aside(raw) {
-                        Some(Aside::Cancel) => held.aside -= 1,
-                        None => held.wheel.remove(&mut held.store, raw),
-                        Some(other) => {
-                            unreachable!("message invariant: a cancel message for an entry aside as {other:?}")
-                        }
-                    }
-                    // The wheel's reference goes now, unless a move message is still
-                    // outstanding: then the entry waits aside for it (ground rule 4).
-                    let entry = held.store.claim(raw);
-                    if entry.snapshot().is_moving() {
-                        let raw = held.store.release(entry);
-                        held.store.set_aside(raw, Aside::Move);
-                        held.aside += 1;
-                    }
-                }
-                Message::Move(entry) => {
-                    let raw = entry.as_raw();
-                    let before = entry.clear_moving();
-                    match held.store.aside(raw) {
-                        // Cancelled, cancel message processed: release it now.
-                        Some(Aside::Move) => {
-                            held.aside -= 1;
-                            drop(held.store.claim(raw));
-                        }
-                        // Cancelled, cancel message still to come: it releases it.
-                        Some(Aside::Cancel) => {}
-                        // Handed back at shutdown; this was the message it waited for.
-                        Some(Aside::DetachedMove) => held.detached_moves -= 1,
-                        // In the wheel: re-file it by its (earlier) deadline. A
-                        // cancelled one stays until its cancel message unlinks it.
-                        None => {
-                            if before.state() == TimerState::Pending {
-                                held.wheel.remove(&mut held.store, raw);
-                                held.wheel.insert(&mut held.store, raw);
-                            }
-                        }
-                    }
-                    drop(entry); // the message's own reference
-                }
-            }
-        }
-        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
-        drained
+        self.core.shut_down()
     }
 
     /// Sleeps until tick `next` (or indefinitely), unless work arrived meanwhile.
@@ -609,7 +475,7 @@ impl ShardThread {
         if wake <= now {
             return;
         }
-        if self.shared.prepare_park(&self.cursors, wake) {
+        if self.core.prepare_park(wake) {
             if wake == NEVER {
                 thread::park();
             } else {
@@ -619,63 +485,7 @@ impl ShardThread {
                     thread::park_timeout(until - now);
                 }
             }
-            self.shared.wake_up();
+            self.core.shared().wake_up();
         }
-    }
-
-    /// Closes the insert ring, empties everything, waits for outstanding messages,
-    /// and returns the pending timers.
-    fn shut_down(&mut self, held: &mut Held) -> Vec<EntryRef> {
-        let mut unfired = Vec::new();
-        let reserved = self.shared.insert.close();
-        let mut scheduled = 0u64;
-        let mut cancelled = 0u64;
-        self.shared
-            .insert
-            .drain_closed(&mut self.cursors.insert, reserved, &mut |entry| {
-                scheduled += 1;
-                // Never filed, so neither a cancel nor a reset sent a message.
-                match entry.detach().state() {
-                    TimerState::Pending => unfired.push(entry),
-                    _ => cancelled += 1,
-                }
-            });
-        ShardStats::bump(&self.shared.stats.scheduled, scheduled);
-        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
-        let Held {
-            wheel,
-            store,
-            aside,
-            detached_moves,
-        } = held;
-        wheel.drain(&mut |raw| {
-            let entry = store.claim(raw);
-            let before = entry.detach();
-            match before.state() {
-                TimerState::Pending => {
-                    if before.is_moving() {
-                        // Its move message is still coming: wait for it.
-                        store.set_aside(entry.as_raw(), Aside::DetachedMove);
-                        *detached_moves += 1;
-                    }
-                    unfired.push(entry);
-                }
-                TimerState::Cancelled => {
-                    let raw = store.release(entry);
-                    store.set_aside(raw, Aside::Cancel);
-                    *aside += 1;
-                }
-                TimerState::Fired => {
-                    unreachable!("wheel invariant: a fired entry is never in the wheel")
-                }
-            }
-        });
-        let backoff = Backoff::new();
-        while held.aside > 0 || held.detached_moves > 0 {
-            if self.drain_messages(held) == 0 {
-                backoff.snooze();
-            }
-        }
-        unfired
     }
 }

@@ -179,6 +179,13 @@ mod loom_deque {
         pub(crate) fn is_empty(&self) -> bool {
             self.0.lock().unwrap().is_empty()
         }
+        pub(crate) fn steal(&self) -> Steal<T> {
+            self.0
+                .lock()
+                .unwrap()
+                .pop_front()
+                .map_or(Steal::Empty, Steal::Success)
+        }
         pub(crate) fn steal_batch_and_pop(&self, _dest: &Worker<T>) -> Steal<T> {
             self.0
                 .lock()
@@ -258,5 +265,45 @@ impl ThreadSlot {
         if let Some(handle) = self.thread.lock().unwrap().as_ref() {
             handle.unpark();
         }
+    }
+}
+
+/// A lifetime canary for the loom models: the owner of some shared state [`retire`]s it
+/// when it is done with the state (a shard at the end of its shutdown), and every other
+/// thread [`touch`]es it wherever it reads that state. Under loom these are a write and
+/// reads of one `UnsafeCell`, so a touch that does not happen-before the retirement (a
+/// sender still reading a shard that may be freed) is reported as a data race. In the
+/// normal build both are no-ops on a zero-sized value.
+///
+/// [`retire`]: Canary::retire
+/// [`touch`]: Canary::touch
+#[derive(Debug)]
+pub(crate) struct Canary {
+    /// Written once by `retire`, read by `touch` (loom only).
+    #[cfg(loom)]
+    retired: loom::cell::UnsafeCell<bool>,
+}
+
+impl Canary {
+    /// A live canary.
+    pub(crate) fn new() -> Self {
+        Canary {
+            #[cfg(loom)]
+            retired: loom::cell::UnsafeCell::new(false),
+        }
+    }
+
+    /// Records a read of the guarded state.
+    #[inline]
+    pub(crate) fn touch(&self) {
+        #[cfg(loom)]
+        self.retired.with(|_| ());
+    }
+
+    /// Records that the owner is done with the guarded state.
+    #[inline]
+    pub(crate) fn retire(&self) {
+        #[cfg(loom)]
+        self.retired.with_mut(|_| ());
     }
 }

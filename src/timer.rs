@@ -10,8 +10,10 @@ use crate::clock::Clock;
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
-use crate::handle::{TimerHandle, TimerId, Unfired};
-use crate::shard::{PendingLimit, ShardShared, ShardTask, ShardThread};
+use crate::handle::{TimerHandle, Unfired};
+use crate::id::{TimerId, TimerState};
+use crate::limit::PendingLimit;
+use crate::shard::{ShardShared, ShardTask, ShardThread};
 use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
 
 /// Default slots per ring.
@@ -257,8 +259,9 @@ struct Threads {
 
 impl Threads {
     /// Joins the shards (already asked to stop), then stops and joins the executor,
-    /// skipping the calling thread if it is one of the workers. Returns the pending
-    /// timers.
+    /// skipping the calling thread if it is one of the workers; that one then runs,
+    /// here, what was handed to the executor and has not run yet (the rest of its own
+    /// batch included). Returns the pending timers.
     fn join(self, executor: &Executor<ShardTask>, caller_is_worker: bool) -> Vec<EntryRef> {
         let mut pending = Vec::new();
         for shard in self.shards {
@@ -274,6 +277,9 @@ impl Threads {
                 continue; // exits by itself once this callback returns
             }
             let _ = worker.join();
+        }
+        if caller_is_worker {
+            executor.run_queued_here();
         }
         pending
     }
@@ -322,36 +328,49 @@ impl Inner {
         }
         let mut pending = threads.join(&self.executor, caller_is_worker);
         drop(guard);
-        // Repeating timers whose run ended after their shard stopped come back too.
+        // Repeating timers whose run ended after their shard stopped come back too;
+        // taking them seals each list (a run ending later cancels its timer).
         for shard in self.shards.iter() {
             for entry in shard.take_late() {
-                if entry.detach().state() == crate::TimerState::Pending {
+                if entry.detach().state() == TimerState::Pending {
                     pending.push(entry);
                 }
             }
         }
-        pending
-            .into_iter()
-            .map(|entry| {
+        let mut unfired = Vec::with_capacity(pending.len());
+        let mut sleeps = Vec::new();
+        for entry in pending {
+            if entry.hands_back() {
                 let deadline = self.clock.tick_to_instant(entry.deadline());
-                Unfired::new(entry, deadline)
-            })
-            .collect()
+                unfired.push(Unfired::new(entry, deadline));
+            } else {
+                sleeps.push(entry);
+            }
+        }
+        // A sleep's timer is not handed back: cancelling it drops its callback, which
+        // completes the sleep (not elapsed) and wakes its task. Last, since a waker is
+        // user code: the service's own bookkeeping is done by now.
+        for entry in sleeps {
+            drop(entry.cancel_detached());
+        }
+        unfired
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Dropping the last clone shuts down and drops the unfired callbacks.
+        // Dropping the last clone shuts down as `shutdown` does, then drops the
+        // unfired timers (their callbacks are dropped unrun).
         drop(self.shut_down());
     }
 }
 
 /// A sharded hierarchical timing-wheel timer service.
 ///
-/// Cloning is cheap and every clone drives the same service; dropping the last clone
-/// shuts it down (see [`shutdown`](Self::shutdown)). See the crate docs for the
-/// guarantees.
+/// Cloning is cheap and every clone drives the same service. Dropping the last clone
+/// shuts it down as [`shutdown`](Self::shutdown) does, except that the timers still
+/// pending are not handed back: their callbacks are dropped without running. See the
+/// crate docs for the guarantees.
 ///
 /// # Examples
 ///
@@ -449,6 +468,20 @@ impl ShardedTimer {
         self.enqueue(deadline, |id| EntryRef::new(id, deadline, f))
     }
 
+    /// Schedules a `Sleep`'s callback at `deadline`: as [`schedule_at`](Self::schedule_at),
+    /// but shutdown cancels it (completing the sleep) instead of handing it back.
+    pub(crate) fn schedule_sleep<F>(
+        &self,
+        deadline: Instant,
+        f: F,
+    ) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let tick = self.inner.clock.instant_to_tick(deadline);
+        self.enqueue(tick, |id| EntryRef::new_sleep(id, tick, f))
+    }
+
     /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
     /// is due at `now + n × period` (n = 1, 2, …), so delays do not accumulate.
     ///
@@ -457,11 +490,15 @@ impl ShardedTimer {
     /// passed (counted in [`Stats::skipped`]) rather than run them back to back. The
     /// handle stays [`Pending`](crate::TimerState::Pending) until cancelled;
     /// [`cancel`](TimerHandle::cancel) stops every later run (a run already under way
-    /// finishes). A panic in one run is counted in [`Stats::panicked`] and the timer
-    /// keeps going. [`TimerHandle::reset`] returns `false` for a repeating timer: it
-    /// keeps its rate. A `period` shorter than the tick (including zero) runs once per
-    /// tick; `Duration::MAX` saturates (it never runs). At shutdown a repeating timer
-    /// comes back as an [`Unfired`] whose `run` makes one last run.
+    /// finishes, and its runner drops the callback when it returns). A panic in one run
+    /// is counted in [`Stats::panicked`] and the timer keeps going.
+    /// [`TimerHandle::reset`] returns `false` for a repeating timer: it keeps its rate.
+    /// A `period` shorter than the tick (including zero) runs once per tick;
+    /// `Duration::MAX` saturates (it never runs). At shutdown a repeating timer comes
+    /// back as an [`Unfired`] whose `run` makes one last run — except one whose own
+    /// callback called `shutdown`: its run is under way on the calling thread, so it is
+    /// not handed back; when that run returns the timer is cancelled (its handle reads
+    /// [`Cancelled`](crate::TimerState::Cancelled)) and its callback dropped.
     ///
     /// # Examples
     ///
@@ -593,7 +630,10 @@ impl ShardedTimer {
     /// [`ScheduleError::Shutdown`]. Callbacks already handed to the executor finish
     /// before `shutdown` returns, and all threads are joined. Idempotent: later calls
     /// return an empty vector. Called from a callback, it does not wait for that
-    /// callback's own thread.
+    /// callback itself; the callbacks queued behind it run on the calling thread before
+    /// `shutdown` returns. The timers of [`sleep`](Self::sleep)s and
+    /// [`timeout`](Self::timeout)s are not handed back: those futures complete (not
+    /// elapsed) instead.
     ///
     /// # Panics
     ///

@@ -191,3 +191,95 @@ fn cancelled_timers_free_their_callbacks_before_their_deadline() {
     );
     assert_eq!(timer.stats().pending, 0);
 }
+
+/// Audit defect 2: a winning cancel whose callback holds the last clone of the service
+/// (so dropping the callback shuts the service down) must return, not deadlock.
+#[test]
+fn cancel_whose_callback_holds_the_last_clone_returns() {
+    let timer = support::one_shard_timer();
+    let keep = timer.clone();
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            let _keep = &keep;
+        })
+        .unwrap();
+    support::wait_filed(&timer, 1);
+    drop(timer);
+    let won = support::within(support::WAIT, move || handle.cancel());
+    assert_eq!(
+        won,
+        Some(true),
+        "cancel returned within {:?}",
+        support::WAIT
+    );
+}
+
+/// Audit defect 2, second trigger: a capture whose `Drop` calls `shutdown`.
+#[test]
+fn cancel_whose_capture_shuts_down_on_drop_returns() {
+    struct ShutdownOnDrop(sharded_timer::ShardedTimer);
+    impl Drop for ShutdownOnDrop {
+        fn drop(&mut self) {
+            drop(self.0.shutdown());
+        }
+    }
+    let timer = support::one_shard_timer();
+    let capture = ShutdownOnDrop(timer.clone());
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            let _capture = &capture;
+        })
+        .unwrap();
+    support::wait_filed(&timer, 1);
+    let won = support::within(support::WAIT, move || handle.cancel());
+    assert_eq!(
+        won,
+        Some(true),
+        "cancel returned within {:?}",
+        support::WAIT
+    );
+    let again = support::within(support::WAIT, move || timer.shutdown().len());
+    assert_eq!(
+        again,
+        Some(0),
+        "the service is shut down and a second shutdown returns"
+    );
+}
+
+/// Audit defect 3: a capture whose `Drop` panics during a winning cancel. The panic
+/// reaches the caller, but the service stays whole: the room is freed, the cancel is
+/// processed, and shutdown returns.
+#[test]
+fn cancel_whose_capture_panics_on_drop_leaves_the_service_whole() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("capture panics on drop, on purpose");
+        }
+    }
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .max_pending(1)
+        .pin_cores(false)
+        .build()
+        .unwrap();
+    let capture = PanicOnDrop;
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            let _capture = &capture;
+        })
+        .unwrap();
+    support::wait_filed(&timer, 1);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.cancel()));
+    assert!(outcome.is_err(), "the capture's panic reaches the caller");
+    assert_eq!(handle.state(), TimerState::Cancelled);
+    let again = timer.schedule(Duration::from_secs(60), || {});
+    assert!(again.is_ok(), "the room was freed: {again:?}");
+    assert!(
+        wait_until(WAIT, || timer.stats().cancelled == 1),
+        "the shard processed the cancel"
+    );
+    let unfired = support::within(WAIT, move || timer.shutdown().len());
+    assert_eq!(unfired, Some(1), "shutdown returns, with the second timer");
+}

@@ -119,5 +119,10 @@ fn public_types_are_send_sync_clone_debug() {
     let handle = timer.schedule(Duration::from_secs(1), || {}).unwrap();
     assert!(format!("{timer:?}").contains("shards: 2"));
     assert!(format!("{handle:?}").contains("Pending"));
-    assert_eq!(handle.id().to_string().split('.').count(), 2);
+    let shown: u64 = handle
+        .id()
+        .to_string()
+        .parse()
+        .expect("an id displays as a number");
+    assert!(shown > 0);
 }

@@ -123,3 +123,49 @@ fn sleep_and_timeout_are_send_and_unpin() {
     fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
     assert_error::<Elapsed>();
 }
+
+/// Audit defect 7: a pending `Sleep` completes at shutdown even while the caller holds
+/// what shutdown returned, and a sleep's timer is not handed back as an `Unfired`
+/// (whose `run` would mark it elapsed before its deadline).
+#[test]
+fn a_pending_sleep_completes_at_shutdown_unelapsed_and_is_not_handed_back() {
+    let timer = small_timer();
+    let sleep = timer.sleep(Duration::from_secs(3600));
+    let unfired = timer.shutdown();
+    assert!(unfired.is_empty(), "a sleep's timer is not an Unfired");
+    let sleep = support::within(WAIT, move || {
+        let mut sleep = sleep;
+        block_on(&mut sleep);
+        sleep
+    })
+    .expect("the sleep completes at shutdown");
+    assert!(!sleep.is_elapsed(), "its deadline has not passed");
+    drop(unfired);
+}
+
+/// Audit defect 7: with `max_pending` reached, a timeout must not claim its deadline
+/// passed: `try_timeout` refuses up front, and `timeout` resolves to an `Elapsed`
+/// that says the deadline was refused, not reached.
+#[test]
+fn a_timeout_that_gets_no_timer_says_so_instead_of_elapsing() {
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .max_pending(1)
+        .pin_cores(false)
+        .build()
+        .unwrap();
+    let _held = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+    let refused = timer.try_timeout(Duration::from_secs(3600), std::future::pending::<()>());
+    assert_eq!(
+        refused.err(),
+        Some(sharded_timer::ScheduleError::TooManyPending { limit: 1 })
+    );
+    let outcome = block_on(timer.timeout(Duration::from_secs(3600), std::future::pending::<()>()));
+    let elapsed = outcome.expect_err("no timer: the timeout cannot wait");
+    assert_eq!(
+        elapsed.refused(),
+        Some(sharded_timer::ScheduleError::TooManyPending { limit: 1 })
+    );
+    assert!(timer.try_sleep(Duration::from_secs(1)).is_err());
+}

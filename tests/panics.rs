@@ -29,3 +29,25 @@ fn a_panicking_callback_does_not_take_down_the_service() {
     let stats = timer.stats();
     assert_eq!((stats.fired, stats.panicked), (110, 10));
 }
+
+/// Audit defect 9: a panic whose payload panics when dropped must not kill the worker:
+/// with one worker, later callbacks still run.
+#[test]
+fn a_panic_payload_that_panics_on_drop_does_not_kill_the_worker() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            panic!("the payload panics on drop, on purpose");
+        }
+    }
+    let timer = support::one_shard_timer();
+    timer
+        .schedule(Duration::ZERO, || std::panic::panic_any(PanicOnDrop))
+        .unwrap();
+    assert!(wait_until(WAIT, || timer.stats().panicked == 1));
+    let (tx, rx) = mpsc::channel();
+    timer
+        .schedule(Duration::ZERO, move || tx.send(()).unwrap())
+        .unwrap();
+    assert_eq!(rx.recv_timeout(WAIT), Ok(()), "the worker lives on");
+}

@@ -176,3 +176,67 @@ fn a_cancel_during_a_run_drops_the_callback_after_it() {
         "dropped once the run ends"
     );
 }
+
+/// Audit defect 5: a repeating timer keeps going past 2^32 periods. With a 1 ns tick
+/// and period, run 2^32 is due 4.3 s after the start; the old index conversion made
+/// its deadline "never" there.
+#[test]
+fn a_repeating_timer_keeps_running_past_two_to_the_32_periods() {
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .tick(Duration::from_nanos(1))
+        .pin_cores(false)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let start = Instant::now();
+    let handle = timer
+        .schedule_repeating(Duration::from_nanos(1), move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    let past = Duration::from_nanos(1 << 32) + Duration::from_millis(300);
+    while start.elapsed() < past {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = runs.load(Ordering::SeqCst);
+    assert!(
+        wait_until(WAIT, || runs.load(Ordering::SeqCst) > before + 10),
+        "runs continue after 2^32 periods ({before} so far)"
+    );
+    assert!(handle.cancel());
+}
+
+/// Audit defect 6: a repeating timer whose own callback shuts the service down stops:
+/// its handle reads Cancelled and its callback (holding a clone of the service) is
+/// dropped, so nothing is kept alive in a cycle.
+#[test]
+fn a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped() {
+    let timer = support::one_shard_timer();
+    let drops = support::DropCounter::default();
+    let token = drops.token();
+    let service = timer.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = timer
+        .schedule_repeating(Duration::from_millis(1), move || {
+            let _token = &token;
+            let _ = tx.send(service.shutdown().len());
+        })
+        .unwrap();
+    assert_eq!(
+        rx.recv_timeout(WAIT),
+        Ok(0),
+        "shutdown from the callback returns"
+    );
+    assert!(
+        wait_until(WAIT, || handle.state() == TimerState::Cancelled),
+        "the timer stops: {:?}",
+        handle.state()
+    );
+    assert!(
+        wait_until(WAIT, || drops.dropped() == 1),
+        "the callback, with its clone of the service, is dropped"
+    );
+}

@@ -196,3 +196,65 @@ fn repeated_earlier_and_later_resets_on_filed_timers_lose_nothing_at_shutdown() 
     let unfired = timer.shutdown();
     assert_eq!(unfired.len(), 2_000, "every pending timer comes back once");
 }
+
+/// How late a reset timer may fire here: well under the 3 s the shard would sleep if
+/// the reset did not wake it, generous for a slow CI machine.
+const RESET_LATE: Duration = Duration::from_millis(1500);
+
+/// Schedules a timer that keeps a one-shard service asleep until 3 s from now.
+fn park_shard_for_3s(timer: &sharded_timer::ShardedTimer) -> sharded_timer::TimerHandle {
+    let parked = timer.schedule(Duration::from_secs(3), || {}).unwrap();
+    support::wait_filed(timer, 1);
+    // `stats()` woke the shard; let it go back to sleep until the 3 s deadline.
+    std::thread::sleep(Duration::from_millis(100));
+    parked
+}
+
+/// Audit defect 4, first case: an earlier reset of a timer still in the insert ring
+/// must wake the shard, which sleeps until a later deadline.
+#[test]
+fn an_earlier_reset_of_a_timer_not_yet_filed_fires_on_time() {
+    let timer = support::one_shard_timer();
+    let _parked = park_shard_for_3s(&timer);
+    let (tx, rx) = mpsc::channel();
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            tx.send(Instant::now()).unwrap()
+        })
+        .unwrap();
+    let asked = Instant::now() + Duration::from_millis(10);
+    assert!(handle.reset_at(asked));
+    let fired = rx.recv_timeout(WAIT).expect("the reset timer fires");
+    assert!(fired >= asked, "never early");
+    assert!(
+        fired - asked < RESET_LATE,
+        "fired {:?} after its reset deadline (the shard slept until 3 s)",
+        fired - asked
+    );
+}
+
+/// Audit defect 4, second case: a second earlier reset while the first one's move
+/// message is outstanding must not leave the timer waiting for the shard's old sleep.
+#[test]
+fn two_earlier_resets_in_a_row_fire_on_the_second_deadline() {
+    let timer = support::one_shard_timer();
+    let _parked = park_shard_for_3s(&timer);
+    let (tx, rx) = mpsc::channel();
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            tx.send(Instant::now()).unwrap()
+        })
+        .unwrap();
+    support::wait_filed(&timer, 2);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(handle.reset(Duration::from_secs(30)), "earlier than 60 s");
+    let asked = Instant::now() + Duration::from_millis(10);
+    assert!(handle.reset_at(asked), "earlier again");
+    let fired = rx.recv_timeout(WAIT).expect("the reset timer fires");
+    assert!(fired >= asked, "never early");
+    assert!(
+        fired - asked < RESET_LATE,
+        "fired {:?} after its reset deadline (the shard slept until 3 s)",
+        fired - asked
+    );
+}

@@ -5,47 +5,56 @@
 //! | bits | meaning |
 //! | --- | --- |
 //! | 0–1 | the [`TimerState`]: `PENDING` = 0, `FIRED` = 1, `CANCELLED` = 2 |
-//! | 2 | `FILED`: the shard has moved the entry from its insert ring into its wheel |
-//! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel it |
-//! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not fire meanwhile |
-//! | 5 | `MOVING`: a reset moved a filed entry earlier and its move message is outstanding |
+//! | 2 | `FILED`: the shard has taken the entry from its insert ring (it is in the wheel, or held aside) |
+//! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel or reset it |
+//! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not claim meanwhile |
+//! | 5 | `MOVING`: a reset moved the deadline earlier and its move message is outstanding |
 //! | 6 | `RUNNING`: a repeating timer's callback is running on the executor (out of the wheel) |
-//! | 7–31 | reset sequence: bumped by every reset, so a fire CAS that read an older word fails |
+//! | 7 | `CLAIMING`: the shard is deciding to fire; resets wait, cancels may still win |
+//! | 8–31 | zero |
 //!
 //! # States
 //!
 //! | from | to | actor | who owns the callback afterwards |
 //! | --- | --- | --- | --- |
-//! | Pending | Fired | the shard, in `advance` ([`StateWord::try_fire`]) | the executor task, which runs it |
-//! | Pending | Cancelled | a handle's `cancel` ([`StateWord::try_cancel`], fails once `DETACHED`) or a dropped `Unfired` ([`StateWord::try_cancel_detached`]) | the canceller, which drops it at once |
+//! | Pending | Pending +CLAIMING | the shard, when an entry looks due ([`StateWord::try_claim`]) | unchanged |
+//! | Pending +CLAIMING | Fired | the shard, its deadline re-read and due ([`StateWord::fire_claimed`]) | the executor task, which runs it |
+//! | Pending +CLAIMING | Pending +RUNNING −FILED | the shard, a repeating timer's run ([`StateWord::start_run_claimed`]) | the runner, until `finish_run` |
+//! | any +CLAIMING | −CLAIMING | the shard, not due after all or cancelled meanwhile ([`StateWord::release_claim`]) | unchanged |
 //! | Pending | Fired | `Unfired::run` ([`StateWord::try_fire`]) | the caller of `run` |
+//! | Pending | Cancelled | a handle's `cancel` ([`StateWord::try_cancel`], fails once `DETACHED`) or a dropped `Unfired` ([`StateWord::try_cancel_detached`]) | the canceller, which drops it last |
 //! | — | +FILED | the shard, draining its insert ring ([`StateWord::mark_filed`]) | unchanged |
 //! | — | −FILED +DETACHED | the shard at shutdown, emptying its ring and wheel ([`StateWord::detach`]) | unchanged |
-//! | Pending | Pending +RESETTING, sequence + 1 | a handle's `reset` ([`StateWord::begin_reset`]) | unchanged |
-//! | Pending +RESETTING | −RESETTING (+MOVING if earlier and filed) | the same `reset` ([`StateWord::finish_reset`]) | unchanged |
+//! | Pending | Pending +RESETTING | a handle's `reset` ([`StateWord::begin_reset`]) | unchanged |
+//! | Pending +RESETTING | −RESETTING (+MOVING if earlier and not detached) | the same `reset` ([`StateWord::finish_reset`]) | unchanged |
 //! | — | −MOVING | the shard, processing the move message ([`StateWord::clear_moving`]) | unchanged |
-//! | Pending (+FILED) | Pending +RUNNING −FILED | the shard, a repeating timer's run ([`StateWord::try_start_run`]) | the runner, until `finish_run` |
 //! | Pending/Cancelled +RUNNING | −RUNNING | the runner ([`StateWord::finish_run`]) | the entry again (Pending), or the runner drops it (Cancelled) |
 //!
 //! A cancel that wins while `RUNNING` is set leaves the callback to the runner, which
 //! drops it after the run.
 //!
-//! A reset stores the new deadline between `begin_reset` and `finish_reset`. The
-//! shard fires only with [`StateWord::try_fire_seen`]: it loads the word, then the
-//! deadline, and its CAS expects exactly the word it loaded. A reset that began after
-//! that load changed the sequence, so the CAS fails and the shard re-files; one that
-//! finished before it is visible through the load (Acquire after the reset's Release).
-//! So a timer never fires on a deadline older than its last successful reset.
+//! # Why a claim bit, not a sequence
 //!
-//! Fired and Cancelled are final. Exactly one of `try_fire` and `try_cancel` wins,
-//! because both are a single read-modify-write from Pending; the loser learns it from
-//! its own CAS, never from a second load. `FILED` tells a winning canceller whether the
-//! shard must be sent a cancel message: an entry cancelled before it was filed is
-//! discarded by `mark_filed`'s caller instead (see `entry`'s ground rules).
+//! The shard fires in two steps: it claims the entry (one CAS that fails while a reset
+//! holds `RESETTING` or a move is outstanding), *then* re-reads the deadline, then
+//! fires or releases the claim. A reset that began before the claim finished before it
+//! (the claim's CAS found `RESETTING` clear), so the claim's Acquire reads its deadline;
+//! a reset that begins after the claim waits in `begin_reset` until the claim is
+//! released. So the deadline the shard decides on is the latest one, and a timer never
+//! fires on a deadline older than its last successful reset. (An earlier design bumped
+//! a 25-bit sequence on every reset and fired by one CAS expecting the word it had
+//! loaded before reading the deadline: 2^25 resets between the load and the CAS made
+//! the CAS succeed on a stale deadline. The claim has no counter to wrap.)
+//!
+//! Fired and Cancelled are final. Exactly one of firing and cancelling wins, because
+//! both are a single read-modify-write from Pending; the loser learns it from its own
+//! RMW, never from a second load. `FILED` tells a winning canceller whether the shard
+//! must be sent a cancel message: an entry cancelled before it was filed is discarded
+//! by `mark_filed`'s caller instead (see `entry`'s ground rules).
 
 #![forbid(unsafe_code)]
 
-use crate::handle::TimerState;
+use crate::id::TimerState;
 use crate::sync::{AtomicU32, Ordering};
 
 /// The state bits.
@@ -66,8 +75,8 @@ const RESETTING: u32 = 1 << 4;
 const MOVING: u32 = 1 << 5;
 /// Set while a repeating timer's callback runs.
 const RUNNING: u32 = 1 << 6;
-/// One step of the reset sequence (bits 7–31, wrapping).
-const SEQUENCE_ONE: u32 = 1 << 7;
+/// Set while the shard decides whether a claimed entry is due.
+const CLAIMING: u32 = 1 << 7;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -121,7 +130,7 @@ pub enum Cancel {
     Lost(TimerState),
 }
 
-/// The outcome of [`StateWord::try_fire`] and [`StateWord::try_fire_seen`].
+/// The outcome of [`StateWord::try_fire`], [`StateWord::try_claim`] and the ends of a claim.
 #[must_use = "the winner of expiry owns the callback and must run it"]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fire {
@@ -156,7 +165,10 @@ pub enum File {
     Filed,
     /// The entry was cancelled before the shard reached it; its canceller sent no
     /// message, so the shard discards it now.
-    AlreadyCancelled,
+    AlreadyCancelled {
+        /// `MOVING` was set: a reset's move message is still to come.
+        moving: bool,
+    },
 }
 
 /// The atomic state word.
@@ -240,44 +252,88 @@ impl StateWord {
         }
     }
 
-    /// The shard's Pending → Fired, only if the word is still `seen` (the value it
-    /// loaded before reading the deadline) and no reset or move is under way.
-    pub(crate) fn try_fire_seen(&self, seen: Snapshot) -> Fire {
-        self.claim_seen(seen, RESETTING | MOVING, (seen.0 & !STATE_MASK) | FIRED)
+    /// The shard's claim of an entry that looks due: Pending (and none of
+    /// `RESETTING`, `MOVING`, `RUNNING`) → +`CLAIMING`. `Won` means the caller must now
+    /// re-read the deadline and end the claim with [`fire_claimed`](Self::fire_claimed),
+    /// [`start_run_claimed`](Self::start_run_claimed) or
+    /// [`release_claim`](Self::release_claim). Shard thread only.
+    pub(crate) fn try_claim(&self) -> Fire {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            if current & STATE_MASK != PENDING {
+                return Fire::Lost;
+            }
+            if current & (RESETTING | MOVING | RUNNING) != 0 {
+                return Fire::Moved;
+            }
+            // ORDERING: success Acquire: it reads the value written by the last
+            // `finish_reset` (Release) or a later one, so the deadline that reset stored
+            // is visible to the caller's next load; no reset can store another until the
+            // claim is released (`begin_reset` waits on CLAIMING). Failure Relaxed: we
+            // only retry with the fresh value.
+            match self.0.compare_exchange_weak(
+                current,
+                current | CLAIMING,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Fire::Won,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
-    /// The shard starts a repeating timer's run: like [`try_fire_seen`](Self::try_fire_seen)
-    /// but Pending stays, `FILED` clears (the entry leaves the wheel for the run) and
-    /// `RUNNING` sets. `Won` means the caller now owns the callback until
-    /// [`finish_run`](Self::finish_run).
-    pub(crate) fn try_start_run(&self, seen: Snapshot) -> Fire {
-        self.claim_seen(
-            seen,
-            RESETTING | MOVING | RUNNING,
-            (seen.0 & !FILED) | RUNNING,
-        )
+    /// Ends a claim by firing: Pending +CLAIMING → Fired. `Lost` if a cancel won while
+    /// the entry was claimed (the claim is then released). Shard thread only.
+    pub(crate) fn fire_claimed(&self) -> Fire {
+        self.end_claim(|current| (current & !(STATE_MASK | CLAIMING)) | FIRED)
     }
 
-    /// One CAS from exactly `seen` (Pending, none of `busy` set) to `new`: the shard's
-    /// claim of the callback after checking the deadline it read after `seen`.
-    fn claim_seen(&self, seen: Snapshot, busy: u32, new: u32) -> Fire {
-        if seen.0 & STATE_MASK != PENDING {
-            return Fire::Lost;
+    /// Ends a claim by starting a repeating timer's run: Pending stays, `FILED` clears
+    /// (the entry leaves the wheel for the run) and `RUNNING` sets. `Won` means the
+    /// caller owns the callback until [`finish_run`](Self::finish_run). Shard thread
+    /// only.
+    pub(crate) fn start_run_claimed(&self) -> Fire {
+        self.end_claim(|current| (current & !(CLAIMING | FILED)) | RUNNING)
+    }
+
+    /// Ends a claim with `next(current)` if the entry is still pending; otherwise (a
+    /// cancel won meanwhile) just clears `CLAIMING` and returns `Lost`.
+    fn end_claim(&self, next: impl Fn(u32) -> u32) -> Fire {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(
+                current & CLAIMING != 0,
+                "claim invariant: the shard holds CLAIMING"
+            );
+            let new = if current & STATE_MASK == PENDING {
+                next(current)
+            } else {
+                current & !CLAIMING
+            };
+            // ORDERING: success AcqRel, as in `try_cancel`: the winner of Pending → Fired
+            // takes the callback (Acquire: after its initialisation and any cancel that
+            // lost); readers of Fired see what preceded it (Release). Failure Relaxed:
+            // we retry with the fresh value (only a cancel can change the word now).
+            match self
+                .0
+                .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) if current & STATE_MASK == PENDING => return Fire::Won,
+                Ok(_) => return Fire::Lost,
+                Err(actual) => current = actual,
+            }
         }
-        if seen.0 & busy != 0 {
-            return Fire::Moved;
-        }
-        // ORDERING: success AcqRel, as in `try_fire`: the winner takes the callback.
-        // Failure Relaxed: the caller only learns that the word changed (a cancel, a
-        // reset) and re-files or gives up.
-        match self
-            .0
-            .compare_exchange(seen.0, new, Ordering::AcqRel, Ordering::Relaxed)
-        {
-            Ok(_) => Fire::Won,
-            Err(actual) if actual & STATE_MASK != PENDING => Fire::Lost,
-            Err(_) => Fire::Moved,
-        }
+    }
+
+    /// Ends a claim without firing (not due after all): clears `CLAIMING`. Shard thread
+    /// only.
+    pub(crate) fn release_claim(&self) {
+        // ORDERING: Release: a reset waiting in `begin_reset` (Acquire) sees the claim
+        // gone after everything the shard did while holding it; the shard only read.
+        self.0.fetch_and(!CLAIMING, Ordering::Release);
     }
 
     /// The runner ends a run: clears `RUNNING`. Returns whether the timer is still
@@ -290,9 +346,9 @@ impl StateWord {
         before & STATE_MASK == PENDING
     }
 
-    /// A handle's reset, first half: Pending (not detached) → Pending + RESETTING with
-    /// the sequence bumped. Waits while another reset holds RESETTING (it holds it for
-    /// two stores). Returns `false` if the timer is no longer pending (or detached).
+    /// A handle's reset, first half: Pending (not detached) → Pending + RESETTING.
+    /// Waits while another reset holds RESETTING (it holds it for two stores) or the
+    /// shard holds CLAIMING (a few instructions). Returns `false` if the timer is no longer pending (or detached).
     pub(crate) fn begin_reset(&self) -> bool {
         let backoff = crate::sync::Backoff::new();
         // ORDERING: Relaxed first read; the CAS below validates it.
@@ -301,7 +357,7 @@ impl StateWord {
             if current & STATE_MASK != PENDING || current & DETACHED != 0 {
                 return false;
             }
-            if current & RESETTING != 0 {
+            if current & (RESETTING | CLAIMING) != 0 {
                 backoff.snooze();
                 // ORDERING: Relaxed: a fresh guess, validated by the CAS.
                 current = self.0.load(Ordering::Relaxed);
@@ -312,7 +368,7 @@ impl StateWord {
             // Relaxed: we retry with the fresh value.
             match self.0.compare_exchange_weak(
                 current,
-                (current | RESETTING).wrapping_add(SEQUENCE_ONE),
+                current | RESETTING,
                 Ordering::Acquire,
                 Ordering::Relaxed,
             ) {
@@ -323,17 +379,20 @@ impl StateWord {
     }
 
     /// A handle's reset, second half: clears RESETTING; if the new deadline is
-    /// `earlier` and the entry is filed and still pending, sets MOVING (unless a move
-    /// message is already outstanding) and tells the caller to send one.
+    /// `earlier` and the entry is still pending and not detached, sets MOVING (unless a
+    /// move message is already outstanding) and tells the caller to send one. Filed or
+    /// not: the shard may sleep past the new deadline either way, and the message is
+    /// what wakes it. A second earlier reset while a message is outstanding sends none:
+    /// the shard reads the latest deadline when the first message arrives.
     pub(crate) fn finish_reset(&self, earlier: bool) -> Finish {
         // ORDERING: Relaxed first read; the CAS below validates it.
         let mut current = self.0.load(Ordering::Relaxed);
         loop {
             let pending = current & STATE_MASK == PENDING;
-            let send_move = pending && earlier && current & FILED != 0 && current & MOVING == 0;
+            let send_move = pending && earlier && current & (MOVING | DETACHED) == 0;
             let new = (current & !RESETTING) | if send_move { MOVING } else { 0 };
             // ORDERING: success Release: the new deadline, stored before, is visible to
-            // the shard's Acquire load of this word (`try_fire_seen`, `clear_moving`,
+            // the shard's Acquire RMWs of this word (`try_claim`, `clear_moving`,
             // `detach`). Failure Relaxed: retry with the fresh value.
             match self
                 .0
@@ -363,7 +422,9 @@ impl StateWord {
         // Release: a canceller that reads FILED sees the entry as filed.
         let previous = self.0.fetch_or(FILED, Ordering::AcqRel);
         if previous & STATE_MASK == CANCELLED {
-            File::AlreadyCancelled
+            File::AlreadyCancelled {
+                moving: previous & MOVING != 0,
+            }
         } else {
             File::Filed
         }
@@ -401,7 +462,7 @@ impl core::fmt::Debug for StateWord {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::{Cancel, File, Fire, StateWord};
-    use crate::handle::TimerState;
+    use crate::id::TimerState;
 
     #[test]
     fn cancel_then_fire_cancel_wins_once() {
@@ -415,7 +476,7 @@ mod tests {
         );
         assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Cancelled));
         assert_eq!(word.try_fire(), Fire::Lost);
-        assert_eq!(word.mark_filed(), File::AlreadyCancelled);
+        assert_eq!(word.mark_filed(), File::AlreadyCancelled { moving: false });
         assert_eq!(word.load().state(), TimerState::Cancelled);
     }
 

@@ -68,3 +68,35 @@ pub(crate) fn thread_count() -> Option<usize> {
         .ok()
         .map(|dir| dir.count())
 }
+
+/// Runs `f` on its own thread and waits up to `timeout` for its result: `None` means it
+/// hung (the thread is left behind, which is the failure being reported).
+pub(crate) fn within<T: Send + 'static>(
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(timeout).ok()
+}
+
+/// A one-shard service (so every timer goes to the same wheel), 1 worker.
+pub(crate) fn one_shard_timer() -> ShardedTimer {
+    ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .pin_cores(false)
+        .thread_name("test")
+        .build()
+        .expect("a 1-shard service builds")
+}
+
+/// Waits until the shards have taken `n` timers in (so they are filed in a wheel).
+pub(crate) fn wait_filed(timer: &ShardedTimer, n: u64) {
+    assert!(
+        wait_until(WAIT, || timer.stats().scheduled >= n),
+        "the shard took {n} timers in within {WAIT:?}"
+    );
+}

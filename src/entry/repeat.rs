@@ -1,0 +1,253 @@
+//! A repeating timer: its fixed-rate schedule ([`Repeat`]), the vtable functions that
+//! run it in place, and one run in progress ([`RunningEntry`]).
+
+use core::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use super::{Entry, EntryRef, Header, Vtable};
+use crate::sync::Ordering;
+
+/// Counts a repeating timer's run and returns its next deadline and the runs skipped.
+pub(super) type NextRunFn = unsafe fn(NonNull<Header>, Instant) -> (Option<Instant>, u64);
+
+/// A repeating timer's callback with its fixed-rate schedule: run `n` is due at
+/// `start + n × period`.
+pub(super) struct Repeat<F> {
+    /// The callback.
+    f: F,
+    /// When the timer was scheduled.
+    start: Instant,
+    /// The period; at least one tick.
+    period: Duration,
+    /// The number of the run most recently made (or skipped).
+    runs: u64,
+}
+
+impl<F> Repeat<F> {
+    /// The deadline of run `n`, or `None` past what `Instant` holds. Computed in
+    /// 128-bit nanoseconds, so any run number works (a 1 ms period passes 2^32 runs
+    /// after 49.7 days).
+    fn deadline_of(&self, n: u64) -> Option<Instant> {
+        let ns = self.period.as_nanos().checked_mul(u128::from(n))?;
+        let secs = u64::try_from(ns / 1_000_000_000).ok()?;
+        // The remainder is below 10^9, so it fits a `u32`.
+        let nanos = (ns % 1_000_000_000) as u32;
+        self.start.checked_add(Duration::new(secs, nanos))
+    }
+}
+
+impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
+    /// The vtable for repeating callbacks of type `F`.
+    const REPEATING_VTABLE: Vtable = Vtable {
+        run: Self::run_once,
+        drop_callback: Entry::<Repeat<F>>::drop_callback_any,
+        dealloc: Entry::<Repeat<F>>::dealloc_any,
+        call_again: Some(Self::call_again),
+        next_run: Some(Self::next_run),
+        hands_back: true,
+    };
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - The caller won Pending → Fired (`Unfired::run`) and the callback is there.
+    unsafe fn run_once(header: NonNull<Header>) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        // SAFETY: exclusive and initialised (the caller's second point); read moves it
+        // out, so it is dropped exactly once, after the call.
+        let mut repeat = entry
+            .callback
+            .with(|cell| unsafe { cell.cast::<Repeat<F>>().read() });
+        (repeat.f)();
+    }
+
+    /// # Safety
+    ///
+    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - The caller holds `RUNNING` (it started this run), so it alone touches the
+    ///   callback, which is initialised.
+    unsafe fn call_again(header: NonNull<Header>) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        // SAFETY: exclusive and initialised while RUNNING (the caller's second point).
+        entry
+            .callback
+            .with_mut(|cell| unsafe { ((*cell.cast::<Repeat<F>>()).f)() });
+    }
+
+    /// # Safety
+    ///
+    /// As [`call_again`](Self::call_again).
+    unsafe fn next_run(header: NonNull<Header>, now: Instant) -> (Option<Instant>, u64) {
+        // SAFETY: live (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        entry.callback.with_mut(|cell| {
+            // SAFETY: exclusive and initialised while RUNNING (the caller's second
+            // point), so this is the only reference to the callback.
+            let repeat = unsafe { &mut *cell.cast::<Repeat<F>>() };
+            // The run just made is run `made`; the next is due at `start + next × period`.
+            let made = repeat.runs + 1;
+            let mut next = made + 1;
+            // Fixed rate: if that slot has already passed (the run ended a whole period
+            // or more behind), skip to the first slot still ahead rather than run the
+            // missed ones back to back.
+            let passed = now.saturating_duration_since(repeat.start).as_nanos()
+                / repeat.period.as_nanos().max(1);
+            let passed = u64::try_from(passed).unwrap_or(u64::MAX);
+            let mut skipped = 0;
+            if passed >= next {
+                skipped = passed + 1 - next;
+                next = passed + 1;
+            }
+            repeat.runs = next - 1;
+            (repeat.deadline_of(next), skipped)
+        })
+    }
+}
+
+impl EntryRef {
+    /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
+    /// `start + n × period`: two references, as [`EntryRef::new`].
+    pub fn new_repeating<F: FnMut() + Send + 'static>(
+        id: crate::id::TimerId,
+        deadline: u64,
+        start: Instant,
+        period: Duration,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        let repeat = Repeat {
+            f: callback,
+            start,
+            period,
+            runs: 0,
+        };
+        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
+    }
+}
+
+/// A repeating timer during one run: holds `RUNNING`, so it alone touches the
+/// callback. [`finish`](Self::finish) ends the run.
+#[derive(Debug)]
+pub struct RunningEntry {
+    /// The service reference; `None` once finished.
+    entry: Option<EntryRef>,
+}
+
+impl RunningEntry {
+    /// The run of `entry`, whose `RUNNING` the caller just set.
+    pub(super) fn new(entry: EntryRef) -> Self {
+        RunningEntry { entry: Some(entry) }
+    }
+
+    /// The entry.
+    fn entry(&self) -> &EntryRef {
+        self.entry
+            .as_ref()
+            .expect("running entry invariant: not yet finished")
+    }
+
+    /// Runs the callback once, in place. Call [`finish`](Self::finish) either way.
+    ///
+    /// # Panics
+    ///
+    /// If the callback panics (the panic propagates). The `expect`s inside cannot fire:
+    /// a `RunningEntry` is always an unfinished repeating entry.
+    pub fn call(&mut self) {
+        let entry = self.entry();
+        let call = entry
+            .header()
+            .vtable
+            .call_again
+            .expect("a running entry is repeating");
+        // SAFETY: the entry is live (we hold a reference) and repeating, and we hold
+        // RUNNING, so the callback is ours and initialised.
+        unsafe { call(entry.0) };
+    }
+
+    /// Counts this run and sets the deadline of the next one (tick `to_tick` of the
+    /// next run's instant); returns the next deadline tick and the runs skipped.
+    ///
+    /// # Panics
+    ///
+    /// Never: a `RunningEntry` is always an unfinished repeating entry.
+    pub fn schedule_next(&mut self, now: Instant, to_tick: impl Fn(Instant) -> u64) -> (u64, u64) {
+        let entry = self.entry();
+        let next = entry
+            .header()
+            .vtable
+            .next_run
+            .expect("a running entry is repeating");
+        // SAFETY: as in `call`.
+        let (deadline, skipped) = unsafe { next(entry.0, now) };
+        let tick = deadline.map_or(u64::MAX, to_tick);
+        // ORDERING: Release: published with the entry through the insert ring (and by
+        // `finish_run`'s Release) to the shard's loads.
+        entry.header().deadline.store(tick, Ordering::Release);
+        (tick, skipped)
+    }
+
+    /// Ends the run: the entry back if the timer is still pending (the caller files
+    /// it again); `None` if it was cancelled meanwhile (the callback is then dropped).
+    pub fn finish(mut self) -> Option<EntryRef> {
+        self.finish_in_place()
+    }
+
+    /// As [`finish`](Self::finish), for `Drop` too.
+    fn finish_in_place(&mut self) -> Option<EntryRef> {
+        let entry = self.entry.take()?;
+        if entry.header().state.finish_run() {
+            return Some(entry);
+        }
+        // SAFETY: a cancel won while we held RUNNING, so it left the callback to us
+        // (ground rule 2), untaken; we drop it once, after the state word is settled.
+        unsafe { entry.drop_callback() };
+        None
+    }
+}
+
+impl Drop for RunningEntry {
+    fn drop(&mut self) {
+        // Unfinished (the task was dropped unrun): end the run so the callback is
+        // dropped exactly once, by the canceller's rule or with the last reference.
+        drop(self.finish_in_place());
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Repeat;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn run_deadlines_hold_past_two_to_the_32_runs() {
+        let start = Instant::now();
+        let repeat = Repeat {
+            f: (),
+            start,
+            period: Duration::from_millis(1),
+            runs: 0,
+        };
+        let n = (1u64 << 32) + 5;
+        assert_eq!(
+            repeat.deadline_of(n),
+            Some(start + Duration::from_millis(n)),
+            "run 2^32 + 5 of a 1 ms timer is due 49.7 days on"
+        );
+        assert_eq!(
+            repeat.deadline_of(u64::MAX),
+            start.checked_add(Duration::from_millis(u64::MAX))
+        );
+        let long = Repeat {
+            f: (),
+            start,
+            period: Duration::MAX,
+            runs: 0,
+        };
+        assert_eq!(
+            long.deadline_of(2),
+            None,
+            "beyond Duration: None, never a panic"
+        );
+    }
+}

@@ -1,0 +1,93 @@
+//! What the winner of a state transition owns: a fired timer's task
+//! ([`FiredEntry`]) and a cancelled timer's callback, dropped last
+//! ([`CancelledCallback`]).
+
+use super::EntryRef;
+
+/// An entry whose Pending → Fired this thread won: it owns the callback.
+pub struct FiredEntry {
+    /// The reference the shard held.
+    entry: EntryRef,
+    /// Whether the callback has been moved out to run.
+    taken: bool,
+}
+
+impl FiredEntry {
+    /// The task of an entry whose Pending → Fired the caller just won.
+    pub(super) fn new(entry: EntryRef) -> Self {
+        FiredEntry {
+            entry,
+            taken: false,
+        }
+    }
+
+    /// Runs the callback on this thread. A panic propagates; the reference is released
+    /// either way.
+    pub fn run(mut self) {
+        self.taken = true;
+        let header = self.entry.0;
+        // SAFETY: the entry is live (we hold a reference) and we won Pending → Fired
+        // with the callback untaken (`taken` was false until the line above).
+        unsafe { (self.entry.header().vtable.run)(header) };
+    }
+}
+
+impl Drop for FiredEntry {
+    fn drop(&mut self) {
+        if !self.taken {
+            // SAFETY: we won Pending → Fired and never took the callback, so we own it
+            // and drop it instead of running it.
+            unsafe { self.entry.drop_callback() };
+        }
+    }
+}
+
+impl core::fmt::Debug for FiredEntry {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FiredEntry")
+            .field("entry", &self.entry)
+            .field("taken", &self.taken)
+            .finish()
+    }
+}
+
+/// The callback a winning cancel owns. Dropping this value drops the callback: callers
+/// first finish the service's bookkeeping (message sent, room freed), then drop it, so
+/// a destructor that panics or shuts the service down finds nothing half done (entry
+/// ground rule 2).
+#[must_use = "the winner of a cancel owns the callback and must drop it last"]
+pub struct CancelledCallback<'a> {
+    /// The entry whose cancel was won.
+    entry: &'a EntryRef,
+    /// `false` when a repeating timer's run holds the callback (the runner drops it).
+    owns_callback: bool,
+}
+
+impl<'a> CancelledCallback<'a> {
+    /// The callback of `entry`, whose Pending → Cancelled the caller just won.
+    pub(super) fn new(entry: &'a EntryRef, owns_callback: bool) -> Self {
+        CancelledCallback {
+            entry,
+            owns_callback,
+        }
+    }
+}
+
+impl Drop for CancelledCallback<'_> {
+    fn drop(&mut self) {
+        if self.owns_callback {
+            // SAFETY: we won Pending → Cancelled with no run under way, so we own the
+            // untaken callback, and this value is dropped once.
+            unsafe { self.entry.drop_callback() };
+        }
+    }
+}
+
+impl core::fmt::Debug for CancelledCallback<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CancelledCallback")
+            .field("entry", self.entry)
+            .field("owns_callback", &self.owns_callback)
+            .finish()
+    }
+}

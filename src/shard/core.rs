@@ -1,0 +1,341 @@
+//! The shard's deterministic core: everything a shard does to its wheel, driven by
+//! tick numbers, with no clock, no thread and no executor. The shard thread calls it
+//! in a loop; the loom models in `loom-tests/` call the same methods, so what they
+//! check is the code that ships.
+//!
+//! # Ground rules
+//!
+//! - A `ShardCore` belongs to one thread at a time (it is `Send`, not `Sync`): the
+//!   wheel, the store and both ring cursors are reached only through `&mut self`.
+//! - **Awaited messages** (entry ground rule 4). `awaiting` counts the messages still
+//!   to come for entries the core tracks *outside* its wheel; each such entry carries
+//!   an [`Aside`] tag in its shard-only place. Entries in the wheel need no count: a
+//!   message for one finds it there. The core learns that a message is coming only
+//!   from its own RMWs on the state word, so it never misses one:
+//!
+//! | where the core sees it | word it reads (RMW) | a message is coming | what the core does |
+//! | --- | --- | --- | --- |
+//! | filing, `mark_filed` | Cancelled, +MOVING | move | tag `Move`, count it |
+//! | filing, `mark_filed` | Cancelled | none | discard |
+//! | expiry, the claim | Cancelled | cancel (it was filed) | tag `Cancel`, count it |
+//! | cancel message | +MOVING (load after the message) | move | tag `Move`, count it |
+//! | shutdown, `detach` of a ring entry | Pending/Cancelled +MOVING | move | tag `DetachedMove`/`Move`, count it |
+//! | shutdown, `detach` of a wheel entry | Cancelled | cancel | tag `Cancel`, count it |
+//! | shutdown, `detach` of a wheel entry | Pending +MOVING | move | tag `DetachedMove`, count it |
+//!
+//!   And for each message, by the entry's tag and the word `clear_moving` returns:
+//!
+//! | message | tag | word | action |
+//! | --- | --- | --- | --- |
+//! | cancel | `Cancel` | — | uncount; then as below for MOVING |
+//! | cancel | none | — | unlink from the wheel, drop the wheel's reference; if MOVING: tag `Move`, count |
+//! | move | `Move`, `DetachedMove` | — | uncount |
+//! | move | `Cancel` | — | nothing: the cancel message, still to come, finds MOVING clear |
+//! | move | none | not FILED | nothing: still in the insert ring, filed later at its current deadline |
+//! | move | none | FILED, Pending | re-file at the (earlier) deadline |
+//! | move | none | FILED, Cancelled | nothing: its cancel message unlinks it |
+//!
+//! - **Shutdown** closes the insert ring and drains it, empties the wheel, then drains
+//!   messages until `awaiting` is zero, and only then retires the shard: every sender
+//!   has published its last message, and a sender touches nothing after publishing,
+//!   so nothing reaches the shard's shared state afterwards.
+
+#![allow(
+    unsafe_code,
+    reason = "the core claims the wheel's references back; it owns that invariant"
+)]
+
+use crate::entry::{
+    Aside, Due, EntryPtr, EntryRef, File, FiredEntry, Message, RunningEntry, ShardStore,
+};
+use crate::id::TimerState;
+use crate::limit::PendingLimit;
+use crate::sync::{Arc, Backoff};
+use crate::wheel::Wheel;
+
+use super::{Cursors, ShardShared, ShardStats};
+
+/// What expiry hands out.
+#[derive(Debug)]
+pub enum Expired {
+    /// A one-shot timer that fired: run it.
+    Fired(FiredEntry),
+    /// One run of a repeating timer: run it, then file the next run.
+    Run(RunningEntry),
+}
+
+/// One shard's wheel and the bookkeeping around it; see the module's ground rules.
+#[derive(Debug)]
+pub struct ShardCore {
+    /// Shared with producers and handles.
+    shared: Arc<ShardShared>,
+    /// The rings' consumer cursors.
+    cursors: Cursors,
+    /// The timing wheel over this shard's entries.
+    wheel: Wheel<EntryPtr>,
+    /// The wheel's view of the entries.
+    store: ShardStore,
+    /// Messages still to come for entries tracked outside the wheel.
+    awaiting: usize,
+    /// Room freed on fire, when the service has a limit.
+    limit: Option<Arc<PendingLimit>>,
+    /// Entries found not yet due during an advance, re-filed after it.
+    refile: Vec<EntryPtr>,
+}
+
+impl ShardCore {
+    /// The core of the shard behind `shared`, whose rings `cursors` consume, with its
+    /// wheel at tick `now`.
+    pub fn new(
+        shared: Arc<ShardShared>,
+        cursors: Cursors,
+        now: u64,
+        limit: Option<Arc<PendingLimit>>,
+    ) -> Self {
+        ShardCore {
+            shared,
+            cursors,
+            wheel: Wheel::new(now),
+            // SAFETY: the core keeps the store behind `&mut self` (one thread at a
+            // time), passes it only pointers to entries it holds a reference to (in the
+            // wheel, popped from a ring, or in a message), and claims each released
+            // pointer once: the wheel hands each back once (`expire`, `shut_down`) or
+            // the core unlinks it first (`take_cancel`).
+            store: unsafe { ShardStore::new() },
+            awaiting: 0,
+            limit,
+            refile: Vec::new(),
+        }
+    }
+
+    /// The shared half.
+    pub fn shared(&self) -> &Arc<ShardShared> {
+        &self.shared
+    }
+
+    /// Messages the core still waits for (the models' check).
+    #[cfg(loom)]
+    pub fn awaiting(&self) -> usize {
+        self.awaiting
+    }
+
+    /// The earliest tick with work in the wheel.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.wheel.next_expiry()
+    }
+
+    /// The park handshake's store half; see [`ShardShared::prepare_park`].
+    pub fn prepare_park(&self, wake: u64) -> bool {
+        self.shared.prepare_park(&self.cursors, wake)
+    }
+
+    /// Files new timers; at most one ring's worth per call so expiry is not starved.
+    /// Returns how many it took.
+    pub fn drain_inserts(&mut self) -> usize {
+        let mut drained = 0;
+        let mut cancelled = 0;
+        while drained < self.shared.insert.capacity() {
+            let Some(entry) = self.shared.insert.pop(&mut self.cursors.insert) else {
+                break;
+            };
+            drained += 1;
+            match entry.mark_filed() {
+                File::Filed => {
+                    let ptr = self.store.release(entry);
+                    self.wheel.insert(&mut self.store, ptr);
+                }
+                File::AlreadyCancelled { moving } => {
+                    cancelled += 1;
+                    if moving {
+                        self.store.set_aside(entry.as_ptr(), Aside::Move);
+                        self.awaiting += 1;
+                    }
+                }
+            }
+        }
+        ShardStats::bump(&self.shared.stats.scheduled, drained as u64);
+        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
+        drained
+    }
+
+    /// Processes cancel and move messages (the second table of the ground rules);
+    /// at most one ring's worth per call. Returns how many.
+    pub fn drain_messages(&mut self) -> usize {
+        let mut drained = 0;
+        let mut cancelled = 0;
+        while drained < self.shared.messages.capacity() {
+            let Some(message) = self.shared.messages.pop(&mut self.cursors.messages) else {
+                break;
+            };
+            drained += 1;
+            match message {
+                Message::Cancel(entry) => {
+                    cancelled += 1;
+                    self.take_cancel(&entry);
+                }
+                Message::Move(entry) => self.take_move(&entry),
+            }
+        }
+        ShardStats::bump(&self.shared.stats.cancelled, cancelled);
+        drained
+    }
+
+    /// A cancel message for `entry`.
+    fn take_cancel(&mut self, entry: &EntryRef) {
+        let ptr = entry.as_ptr();
+        match self.store.aside(ptr) {
+            Some(Aside::Cancel) => {
+                self.awaiting -= 1;
+                self.store.clear_aside(ptr);
+            }
+            None => {
+                self.wheel.remove(&mut self.store, ptr);
+                // SAFETY: the entry was in the wheel, filed with the reference that
+                // `release` gave up, unclaimed until now; it leaves the store here.
+                drop(unsafe { self.store.claim(ptr) });
+            }
+            Some(other) => {
+                unreachable!("message invariant: a cancel message for an entry aside as {other:?}")
+            }
+        }
+        if entry.snapshot().is_moving() {
+            self.store.set_aside(ptr, Aside::Move);
+            self.awaiting += 1;
+        }
+    }
+
+    /// A move message for `entry`.
+    fn take_move(&mut self, entry: &EntryRef) {
+        let ptr = entry.as_ptr();
+        let before = entry.clear_moving();
+        match self.store.aside(ptr) {
+            Some(Aside::Move | Aside::DetachedMove) => {
+                self.awaiting -= 1;
+                self.store.clear_aside(ptr);
+            }
+            Some(Aside::Cancel) => {}
+            None if !before.is_filed() => {}
+            None if before.state() == TimerState::Pending => {
+                self.wheel.remove(&mut self.store, ptr);
+                self.wheel.insert(&mut self.store, ptr);
+            }
+            None => {}
+        }
+    }
+
+    /// Advances the wheel to tick `now` and expires what is due: each fired timer or
+    /// started run goes to `out`; entries whose deadline moved later (or whose reset
+    /// is under way) are re-filed; cancelled ones are tracked until their message.
+    pub fn expire(&mut self, now: u64, out: &mut impl FnMut(Expired)) {
+        let ShardCore {
+            shared,
+            wheel,
+            store,
+            awaiting,
+            limit,
+            refile,
+            ..
+        } = self;
+        let mut fired = 0;
+        wheel.advance(store, now, &mut |store, ptr| {
+            // SAFETY: the wheel hands back each filed pointer once, and its reference
+            // (given up by `release` when filed) is unclaimed until now.
+            let entry = unsafe { store.claim(ptr) };
+            match entry.try_fire_due(now) {
+                Due::Fired(task) => {
+                    fired += 1;
+                    if let Some(limit) = limit.as_deref() {
+                        limit.release();
+                    }
+                    out(Expired::Fired(task));
+                }
+                Due::Run(running) => {
+                    // A repeating timer's run: it stays pending (no room freed).
+                    fired += 1;
+                    out(Expired::Run(running));
+                }
+                Due::Later(entry) => refile.push(store.release(entry)),
+                Due::Cancelled(entry) => {
+                    // Filed when its cancel won, so its message is on the way.
+                    store.set_aside(entry.as_ptr(), Aside::Cancel);
+                    *awaiting += 1;
+                }
+            }
+        });
+        for ptr in refile.drain(..) {
+            wheel.insert(store, ptr);
+        }
+        ShardStats::bump(&shared.stats.fired, fired);
+    }
+
+    /// Closes the insert ring, empties the ring and the wheel, waits for every awaited
+    /// message, retires the shard, and returns the timers still pending (detached:
+    /// handles can no longer cancel or reset them).
+    pub fn shut_down(&mut self) -> Vec<EntryRef> {
+        let mut unfired = Vec::new();
+        let reserved = self.shared.insert.close();
+        let mut scheduled = 0u64;
+        let mut cancelled = 0u64;
+        let ShardCore {
+            shared,
+            cursors,
+            wheel,
+            store,
+            awaiting,
+            ..
+        } = self;
+        shared
+            .insert
+            .drain_closed(&mut cursors.insert, reserved, &mut |entry| {
+                scheduled += 1;
+                let before = entry.detach();
+                match before.state() {
+                    TimerState::Pending => {
+                        if before.is_moving() {
+                            store.set_aside(entry.as_ptr(), Aside::DetachedMove);
+                            *awaiting += 1;
+                        }
+                        unfired.push(entry);
+                    }
+                    _ => {
+                        cancelled += 1;
+                        if before.is_moving() {
+                            store.set_aside(entry.as_ptr(), Aside::Move);
+                            *awaiting += 1;
+                        }
+                    }
+                }
+            });
+        ShardStats::bump(&shared.stats.scheduled, scheduled);
+        ShardStats::bump(&shared.stats.cancelled, cancelled);
+        wheel.drain(&mut |ptr| {
+            // SAFETY: as in `expire`: each filed pointer comes back once, unclaimed.
+            let entry = unsafe { store.claim(ptr) };
+            let before = entry.detach();
+            match before.state() {
+                TimerState::Pending => {
+                    if before.is_moving() {
+                        store.set_aside(entry.as_ptr(), Aside::DetachedMove);
+                        *awaiting += 1;
+                    }
+                    unfired.push(entry);
+                }
+                TimerState::Cancelled => {
+                    store.set_aside(entry.as_ptr(), Aside::Cancel);
+                    *awaiting += 1;
+                }
+                TimerState::Fired => {
+                    unreachable!("wheel invariant: a fired entry is never in the wheel")
+                }
+            }
+        });
+        let backoff = Backoff::new();
+        while self.awaiting > 0 {
+            if self.drain_messages() == 0 {
+                backoff.snooze();
+            }
+        }
+        self.shared.retire();
+        unfired
+    }
+}
