@@ -58,7 +58,7 @@ pub use repeat::RunningEntry;
 use state::StateWord;
 pub use state::{Cancel, File, Snapshot};
 pub(crate) use state::{Finish, Fire};
-pub use store::{Aside, EntryPtr, ShardStore};
+pub(crate) use store::{Aside, EntryPtr, ShardStore};
 pub use winner::{CancelledCallback, FiredEntry};
 
 /// References beyond this abort the process, as `Arc` does: the count must never wrap.
@@ -269,7 +269,7 @@ impl EntryRef {
     }
 
     /// A non-owning pointer to this entry, for the shard's wheel.
-    pub fn as_ptr(&self) -> EntryPtr {
+    pub(crate) fn as_ptr(&self) -> EntryPtr {
         EntryPtr(self.0)
     }
 

@@ -68,3 +68,36 @@ where
         model();
     });
 }
+
+/// Drives the real shard core (`sharded_timer::__loom::ShardCore`, the code the shard
+/// thread runs) in the models.
+#[cfg(loom)]
+pub mod shard {
+    use sharded_timer::__loom::{Expired, ShardCore, ShardShared};
+
+    /// A shard with rings of `capacity` slots and its core, wheel at tick 0, no limit.
+    pub fn new(capacity: usize) -> (loom::sync::Arc<ShardShared>, ShardCore) {
+        let (shared, cursors) = ShardShared::new(capacity);
+        let core = ShardCore::new(shared.clone(), cursors, 0, None);
+        (shared, core)
+    }
+
+    /// One turn of the shard loop at tick `now`, as `ShardThread::run` takes it: drain
+    /// inserts, drain messages, expire. Runs what fired (inline) and returns how many.
+    pub fn turn(core: &mut ShardCore, now: u64) -> usize {
+        core.drain_inserts();
+        core.drain_messages();
+        let mut ran = 0;
+        core.expire(now, &mut |expired| {
+            ran += 1;
+            match expired {
+                Expired::Fired(task) => task.run(),
+                Expired::Run(mut running) => {
+                    running.call();
+                    drop(running.finish());
+                }
+            }
+        });
+        ran
+    }
+}

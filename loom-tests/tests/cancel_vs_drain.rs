@@ -1,102 +1,68 @@
-//! Model 3: a cancel racing the shard's drain of its insert ring (`src/shard.rs`,
-//! `src/entry.rs` ground rules 1 and 4).
+//! Model 3: a cancel racing the shard's drain of its insert ring and its expiry, on
+//! the real `ShardCore` (`src/shard/core.rs`; entry ground rules 1 and 4).
 //!
-//! Explores: a producer that pushes a timer into a shard's insert ring and cancels it
-//! at once, against the shard popping it, filing it (`mark_filed`), trying to fire it,
-//! and processing cancel messages from its cancel ring.
-//! Asserts: a cancel that reaches the entry before it is filed is honoured (the shard
-//! discards it at filing, and no message is sent); one that reaches it after is
-//! delivered as exactly one message, which the shard processes whether the entry is
-//! still in its "wheel" or already expired (awaiting the message); the callback runs
-//! iff `cancel` returned `false`; the entry is freed exactly once and never touched
-//! after (loom's `Track` and object checks).
+//! Explores: a producer that pushes a timer due at tick 1 into a shard's insert ring
+//! and cancels it at once, against the shard taking turns (drain inserts, drain
+//! messages, expire) at tick 0 and then tick 1. The cancel may reach the entry before
+//! it is filed, while it is filed and still in the wheel (tick 0: not due), or after
+//! it came due and was set aside.
+//! Asserts: the callback runs iff `cancel` lost; a cancel that wins before filing
+//! sends no message and the shard discards the entry; one that wins after filing is
+//! processed whether the entry is still in the wheel or aside; the core awaits
+//! nothing at the end and its message ring is empty; the entry is freed exactly once
+//! (loom's `Track`).
 //! Seeded bug that makes it fail: `StateWord::mark_filed`'s `fetch_or` replaced by a
-//! load and a store (the shard can then overwrite a won cancel; the callback runs
-//! although `cancel` returned `true`).
+//! load and a store (the shard can then overwrite a won cancel and fire the timer):
+//! "assertion `left == right` failed: the callback ran iff cancel lost".
 //! Command: as in `ring.rs`, with `--test cancel_vs_drain`.
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{model, trace};
-use sharded_timer::__loom::{
-    next_id, shard_store, CancelPort, EntryRef, File, Message, ShardShared,
-};
+use loom_tests::{model, shard, trace};
+use sharded_timer::__loom::{next_id, EntryRef};
 
 #[test]
-fn cancel_before_or_after_filing_is_honoured_exactly_once() {
+fn cancel_before_in_wheel_or_after_expiry_is_honoured_exactly_once() {
     model(|| {
-        let (shard, mut cursors) = ShardShared::new(2);
+        let (shared, mut core) = shard::new(2);
         let ran = Arc::new(AtomicUsize::new(0));
         let won = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
         let producer = {
-            let (shard, ran, won) = (shard.clone(), ran.clone(), won.clone());
+            let (shared, ran, won, done) = (shared.clone(), ran.clone(), won.clone(), done.clone());
             thread::spawn(move || {
-                let (handle, service) = EntryRef::new(next_id(), 0, move || {
+                let (handle, service) = EntryRef::new(next_id(), 1, move || {
                     ran.fetch_add(1, Ordering::SeqCst);
                 });
-                assert!(shard.push_insert(service, 0).is_ok());
-                let cancelled = handle.cancel(&CancelPort::new(&*shard));
+                assert!(shared.push_insert(service, 1).is_ok());
+                let cancelled = handle.cancel(&shared.port()).is_some();
                 trace(format!("cancel returned {cancelled}"));
                 won.store(cancelled, Ordering::SeqCst);
+                done.store(true, Ordering::SeqCst);
             })
         };
-        // The shard: drain inserts, file, try to expire, process cancel messages.
-        let mut store = shard_store();
-        let mut in_wheel = None;
-        let mut awaiting = None;
-        let mut resolved = false;
-        while !resolved {
-            if let Some(entry) = shard.pop_insert(&mut cursors) {
-                match entry.mark_filed() {
-                    File::Filed => {
-                        trace("filed");
-                        // Expire it at once: fire, or await the cancel message.
-                        match entry.try_fire() {
-                            Ok(task) => {
-                                trace("fired");
-                                task.run();
-                                resolved = true;
-                            }
-                            Err(entry) => {
-                                trace("expired while cancelled: awaiting message");
-                                let raw = store.release(entry);
-                                store.set_awaiting_cancel(raw);
-                                awaiting = Some(raw);
-                            }
-                        }
-                    }
-                    File::AlreadyCancelled => {
-                        trace("discarded at filing");
-                        drop(entry);
-                        resolved = true;
-                    }
-                }
+        // Tick 0 (filed, not due), then tick 1, until the producer is done and the
+        // core has everything it waits for.
+        let mut now = 0;
+        loop {
+            shard::turn(&mut core, now);
+            now = 1;
+            if done.load(Ordering::SeqCst) && core.awaiting() == 0 {
+                shard::turn(&mut core, now);
+                break;
             }
-            if let Some(Message::Cancel(raw)) = shard.pop_cancel(&mut cursors) {
-                trace("cancel message");
-                let expected = awaiting.take().or_else(|| in_wheel.take());
-                assert_eq!(
-                    Some(raw),
-                    expected,
-                    "a message names the entry the shard holds"
-                );
-                assert!(store.is_awaiting_cancel(raw));
-                drop(store.claim(raw));
-                resolved = true;
-            }
-            if !resolved {
-                thread::yield_now();
-            }
+            thread::yield_now();
         }
         producer.join().unwrap();
         let cancelled = won.load(Ordering::SeqCst);
-        assert_eq!(ran.load(Ordering::SeqCst), usize::from(!cancelled));
-        assert!(
-            awaiting.is_none() && in_wheel.is_none(),
-            "the shard holds nothing"
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            usize::from(!cancelled),
+            "the callback ran iff cancel lost"
         );
-        assert!(shard.pop_cancel(&mut cursors).is_none(), "no stray message");
+        assert_eq!(core.awaiting(), 0, "the core awaits nothing");
+        assert!(core.shut_down().is_empty(), "nothing left pending");
     });
 }

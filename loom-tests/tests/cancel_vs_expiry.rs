@@ -1,22 +1,23 @@
-//! Model 2: cancel racing expiry on one entry (`src/entry.rs`, `src/entry/state.rs`).
+//! Model 2: cancel racing expiry on a filed, due entry, on the real `ShardCore`
+//! (`src/entry/state.rs`: the claim, `try_cancel`; `src/entry/winner.rs`).
 //!
-//! Explores: a shard thread's `try_fire` (then running the callback) against a handle's
-//! `cancel`, on an unfiled and on a filed entry.
-//! Asserts: exactly one of them wins; the callback runs iff `cancel` returned
-//! `false`; the callback's captures are dropped exactly once; the entry is freed
-//! exactly once (a `loom::alloc::Track` in the entry reports a leak; a double free
-//! would fail loom's object checks).
-//! Seeded bug that makes it fail: `StateWord::try_cancel`'s compare-exchange replaced
-//! by a load and a store (both sides then win: the callback runs although `cancel`
-//! returned `true`).
+//! Explores: a handle cancelling a timer that is in the shard's wheel and due, while
+//! the shard expires it (claim, re-read the deadline, fire) and processes messages.
+//! Asserts: exactly one of cancel and expiry wins; the callback runs iff cancel lost;
+//! a winning cancel drops the callback exactly once, after its message is published
+//! (the capture's drop counter is 0 until `cancel` lets go of the callback); no data
+//! race on the callback cell (loom checks the `UnsafeCell`); nothing leaks.
+//! Seeded bug that makes it fail: `StateWord::try_cancel`'s CAS replaced by a load and
+//! a store (both sides then own the callback): "Causality violation: Concurrent read
+//! and write accesses to `UnsafeCell`".
 //! Command: as in `ring.rs`, with `--test cancel_vs_expiry`.
 #![cfg(loom)]
 
-use loom::sync::atomic::{AtomicUsize, Ordering};
-use loom::sync::{Arc, Mutex};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::sync::Arc;
 use loom::thread;
-use loom_tests::{model, trace};
-use sharded_timer::__loom::{next_id, CancelPort, CancelSink, EntryRef, File, RawEntry};
+use loom_tests::{model, shard, trace};
+use sharded_timer::__loom::{next_id, EntryRef};
 
 /// Counts drops of a callback's captures.
 struct DropCount(Arc<AtomicUsize>);
@@ -27,76 +28,46 @@ impl Drop for DropCount {
     }
 }
 
-/// Collects cancel messages.
-#[derive(Default)]
-struct Messages(Mutex<Vec<RawEntry>>);
-
-impl CancelSink for Messages {
-    fn send_cancel(&self, entry: RawEntry) {
-        self.0.lock().unwrap().push(entry);
-    }
-    fn send_move(&self, _entry: EntryRef, _deadline: u64) {
-        panic!("no reset in this model");
-    }
-}
-
-fn race(filed: bool) {
-    model(move || {
+#[test]
+fn exactly_one_of_cancel_and_expiry_wins() {
+    model(|| {
+        let (shared, mut core) = shard::new(2);
         let ran = Arc::new(AtomicUsize::new(0));
         let dropped = Arc::new(AtomicUsize::new(0));
-        let captures = DropCount(dropped.clone());
-        let ran_in_callback = ran.clone();
+        let capture = DropCount(dropped.clone());
+        let ran_in = ran.clone();
         let (handle, service) = EntryRef::new(next_id(), 0, move || {
-            let _captures = &captures;
-            ran_in_callback.fetch_add(1, Ordering::SeqCst);
+            let _capture = &capture;
+            ran_in.fetch_add(1, Ordering::SeqCst);
         });
-        if filed {
-            assert_eq!(service.mark_filed(), File::Filed);
+        assert!(shared.push_insert(service, 0).is_ok());
+        core.drain_inserts();
+        let won = Arc::new(AtomicBool::new(false));
+        let canceller = {
+            let (shared, won, dropped) = (shared.clone(), won.clone(), dropped.clone());
+            thread::spawn(move || {
+                if let Some(callback) = handle.cancel(&shared.port()) {
+                    trace("cancel won");
+                    won.store(true, Ordering::SeqCst);
+                    drop(callback);
+                    assert_eq!(dropped.load(Ordering::SeqCst), 1, "dropped by the winner");
+                }
+            })
+        };
+        let fired = shard::turn(&mut core, 0);
+        trace(format!("expiry fired {fired}"));
+        canceller.join().unwrap();
+        while core.awaiting() > 0 {
+            core.drain_messages();
         }
-        let shard = thread::spawn(move || match service.try_fire() {
-            Ok(task) => {
-                trace("shard won: fired");
-                task.run();
-                None
-            }
-            Err(entry) => {
-                trace("shard lost: cancelled");
-                // A filed entry waits for its cancel message; hand it back.
-                Some(entry)
-            }
-        });
-        let messages = Messages::default();
-        let cancelled = handle.cancel(&CancelPort::new(&messages));
-        trace(format!("cancel returned {cancelled}"));
-        let kept = shard.join().unwrap();
-        assert_eq!(
-            ran.load(Ordering::SeqCst),
-            usize::from(!cancelled),
-            "runs iff not cancelled"
-        );
+        core.drain_messages();
+        let cancelled = won.load(Ordering::SeqCst);
+        assert_eq!(fired + usize::from(cancelled), 1, "exactly one wins");
+        assert_eq!(ran.load(Ordering::SeqCst), fired);
         assert_eq!(
             dropped.load(Ordering::SeqCst),
             1,
-            "captures dropped exactly once"
+            "the callback is dropped once"
         );
-        let sent = messages.0.lock().unwrap().len();
-        assert_eq!(
-            sent,
-            usize::from(cancelled && filed),
-            "a message iff a filed entry was cancelled"
-        );
-        assert_eq!(kept.is_some(), cancelled, "the shard lost iff cancel won");
-        drop(kept);
-        drop(handle);
     });
-}
-
-#[test]
-fn cancel_racing_expiry_unfiled() {
-    race(false);
-}
-
-#[test]
-fn cancel_racing_expiry_filed() {
-    race(true);
 }

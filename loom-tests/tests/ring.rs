@@ -8,7 +8,7 @@
 //! on a slot (loom checks every `UnsafeCell` access); after a close, every value was
 //! either drained or handed back as `Closed`.
 //! Seeded bug that makes it fail: the producer's Release store of the slot stamp in
-//! `Ring::push` weakened to Relaxed (loom reports the consumer's read of the slot as
+//! `Reservation::publish` weakened to Relaxed (loom reports the consumer's read of the slot as
 //! a causality violation).
 //! Command: `RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom
 //! LOOM_MAX_PREEMPTIONS=3 cargo test --release -p loom-tests --test ring`.

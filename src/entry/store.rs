@@ -12,7 +12,7 @@ use crate::wheel::{Place, Store};
 /// come (entry ground rule 4), and the shard must neither look for it in the wheel nor
 /// exit before it arrives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Aside {
+pub(crate) enum Aside {
     /// Cancelled with `FILED` and out of the wheel (it came due): its cancel message
     /// is still to come.
     Cancel,
@@ -30,7 +30,7 @@ const ASIDE_LIST: u16 = u16::MAX;
 /// shard's reference it stands for is given up by [`ShardStore::release`] and taken
 /// back once by the unsafe [`ShardStore::claim`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct EntryPtr(pub(super) NonNull<Header>);
+pub(crate) struct EntryPtr(pub(super) NonNull<Header>);
 
 // SAFETY: an `EntryPtr` is an address the shard's wheel keeps for an entry whose
 // reference the shard holds; the entry's shared fields are atomics or immutable, and
@@ -41,7 +41,7 @@ unsafe impl Send for EntryPtr {}
 /// The wheel's view of entries in a shard: deadlines and places read through the
 /// entry pointers themselves.
 #[derive(Debug)]
-pub struct ShardStore(());
+pub(crate) struct ShardStore(());
 
 impl ShardStore {
     /// A store for one shard's wheel.
@@ -52,7 +52,7 @@ impl ShardStore {
     ///   whose reference the store holds (given by [`release`](Self::release) and not
     ///   yet claimed back), or one the caller holds a reference to; and
     /// - the store is used only by one shard thread (entry ground rule 3).
-    pub unsafe fn new() -> Self {
+    pub(crate) unsafe fn new() -> Self {
         ShardStore(())
     }
 
@@ -64,7 +64,7 @@ impl ShardStore {
     }
 
     /// Gives the shard's reference to the wheel.
-    pub fn release(&mut self, entry: EntryRef) -> EntryPtr {
+    pub(crate) fn release(&mut self, entry: EntryRef) -> EntryPtr {
         let ptr = entry.as_ptr();
         core::mem::forget(entry);
         ptr
@@ -76,12 +76,12 @@ impl ShardStore {
     ///
     /// `entry` came from `release` on this store and has not been claimed since; it is
     /// claimed now, and not passed to the store again until released again.
-    pub unsafe fn claim(&mut self, entry: EntryPtr) -> EntryRef {
+    pub(crate) unsafe fn claim(&mut self, entry: EntryPtr) -> EntryRef {
         EntryRef(entry.0)
     }
 
     /// Marks an entry tracked outside the wheel until a message arrives.
-    pub fn set_aside(&mut self, entry: EntryPtr, why: Aside) {
+    pub(crate) fn set_aside(&mut self, entry: EntryPtr, why: Aside) {
         let position = match why {
             Aside::Cancel => 0,
             Aside::Move => 1,
@@ -97,7 +97,7 @@ impl ShardStore {
     }
 
     /// Why the entry is tracked outside the wheel, or `None` if it is not.
-    pub fn aside(&self, entry: EntryPtr) -> Option<Aside> {
+    pub(crate) fn aside(&self, entry: EntryPtr) -> Option<Aside> {
         let place = self.place(entry);
         if place.list != ASIDE_LIST {
             return None;
@@ -110,7 +110,7 @@ impl ShardStore {
     }
 
     /// Clears the mark of an entry no longer tracked aside.
-    pub fn clear_aside(&mut self, entry: EntryPtr) {
+    pub(crate) fn clear_aside(&mut self, entry: EntryPtr) {
         self.set_place(entry, Place::default());
     }
 }
