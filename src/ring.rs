@@ -250,6 +250,11 @@ impl<T> Ring<T> {
 
     /// Pops the oldest published value, or `None` if the next position is not yet
     /// published (empty, or reserved by a producer that has not written yet).
+    ///
+    /// # Panics
+    ///
+    /// If `cursor` was made for another ring (reading that ring's slots would be
+    /// undefined behaviour).
     pub fn pop(&self, cursor: &mut Cursor) -> Option<T> {
         // One comparison per pop: a cursor used on another ring would read slots that
         // ring's consumer also reads, which is undefined behaviour, so this is checked
