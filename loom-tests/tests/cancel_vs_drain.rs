@@ -12,8 +12,9 @@
 //! nothing at the end and its message ring is empty; the entry is freed exactly once
 //! (loom's `Track`).
 //! Seeded bug that makes it fail: `StateWord::mark_filed`'s `fetch_or` replaced by a
-//! load and a store (the shard can then overwrite a won cancel and fire the timer):
-//! "assertion `left == right` failed: the callback ran iff cancel lost".
+//! load and a store (the shard can then overwrite a won cancel, file the cancelled
+//! entry as live and then wait for a message that was never sent): "Model exceeded
+//! maximum number of branches".
 //! Command: as in `ring.rs`, with `--test cancel_vs_drain`.
 #![cfg(loom)]
 

@@ -7,9 +7,10 @@
 //! a winning cancel drops the callback exactly once, after its message is published
 //! (the capture's drop counter is 0 until `cancel` lets go of the callback); no data
 //! race on the callback cell (loom checks the `UnsafeCell`); nothing leaks.
-//! Seeded bug that makes it fail: `StateWord::try_cancel`'s CAS replaced by a load and
-//! a store (both sides then own the callback): "Causality violation: Concurrent read
-//! and write accesses to `UnsafeCell`".
+//! Seeded bug that makes it fail: `StateWord::try_cancel`'s CAS replaced by a plain
+//! store (both sides then believe they won): "assertion `left == right` failed:
+//! dropped by the winner" (the shard ran and dropped the callback the canceller
+//! thought it owned).
 //! Command: as in `ring.rs`, with `--test cancel_vs_expiry`.
 #![cfg(loom)]
 

@@ -4,8 +4,8 @@
 //!
 //! Explores: (A) a timer pushed with a far deadline (tick 10) and at once moved
 //! earlier (tick 2) by its handle, possibly before the shard has filed it, against a
-//! shard at tick 2 that drains, expires, and parks until its next expiry when nothing
-//! is due; (B) a filed timer due now whose handle moves it later (tick 10) while the
+//! shard at tick 2 that holds a blocker due at tick 5, drains, expires, and parks until
+//! its next expiry when nothing is due; (B) a filed timer due now whose handle moves it later (tick 10) while the
 //! shard claims and fires it.
 //! Asserts: (A) the shard never parks for good while the timer is due: the reset's
 //! move message wakes it (a shard left parked is a deadlock, which loom reports;
@@ -28,10 +28,15 @@ use sharded_timer::__loom::{next_id, EntryRef, NEVER};
 #[test]
 fn an_earlier_reset_of_a_timer_not_yet_filed_wakes_the_shard() {
     model(|| {
-        let (shared, mut core) = shard::new(4);
+        // 8 slots: the two pushes below are not "filling" (which wakes regardless).
+        let (shared, mut core) = shard::new(8);
         let ran = Arc::new(AtomicUsize::new(0));
-        let shard_thread = thread::current();
-        shared.set_thread(shard_thread);
+        shared.set_thread(thread::current());
+        // A blocker due at tick 5: the shard sleeps until then, so the new timer's
+        // push (due at tick 10) does not wake it; only the reset can.
+        let (_blocker, blocker) = EntryRef::new(next_id(), 5, || {});
+        assert!(shared.push_insert(blocker, 5).is_ok());
+        core.drain_inserts();
         let producer = {
             let (shared, ran) = (shared.clone(), ran.clone());
             thread::spawn(move || {
@@ -63,7 +68,7 @@ fn an_earlier_reset_of_a_timer_not_yet_filed_wakes_the_shard() {
             core.drain_messages();
         }
         assert_eq!(ran.load(Ordering::SeqCst), 1, "fired once");
-        assert!(core.shut_down().is_empty());
+        assert_eq!(core.shut_down().len(), 1, "the blocker is handed back");
     });
 }
 
