@@ -45,7 +45,6 @@ fn duration_max_and_far_deadlines_saturate_without_panic_and_never_fire() {
         .schedule(Duration::from_secs(u64::MAX / 4), || panic!("fired"))
         .unwrap();
     assert!(forever.deadline() > Instant::now() + Duration::from_secs(3600 * 24 * 365));
-    std::thread::sleep(Duration::from_millis(50));
     for handle in [&forever, &century, &past_range] {
         assert_eq!(handle.state(), TimerState::Pending);
     }
