@@ -25,8 +25,8 @@
 //!   still queued, before its shutdown returns: "handed to the executor" means "runs
 //!   before shutdown returns", whichever thread calls it.
 //! - Panics: a task's panic is caught and counted; its payload is dropped under
-//!   `catch_unwind` too, and a payload whose own drop panics is forgotten (leaked)
-//!   rather than allowed to unwind out of the worker.
+//!   `catch_unwind` too, so a payload whose own drop panics cannot unwind out of the
+//!   worker (see `run_caught`).
 
 #![forbid(unsafe_code)]
 
@@ -104,19 +104,27 @@ loom::thread_local! {
     static CURRENT_BATCH: CurrentBatch = core::cell::RefCell::new(None);
 }
 
+/// How many panics in a row a payload's destructors may raise before the last payload
+/// is forgotten (leaked) instead of dropped.
+const PAYLOAD_DROPS: usize = 8;
+
 /// Runs `task`, catching a panic; returns whether it panicked. The payload is dropped
-/// under `catch_unwind` as well: a payload whose destructor panics must not unwind out
-/// of the worker, so the second payload is forgotten.
+/// under `catch_unwind` as well, so a payload whose destructor panics cannot unwind out
+/// of the worker: the payload of that second panic (usually a message) is dropped the
+/// same way, and only after [`PAYLOAD_DROPS`] panicking destructors in a row is the
+/// last payload forgotten.
 fn run_caught<T: Task>(task: T) -> bool {
-    match catch_unwind(AssertUnwindSafe(|| task.run())) {
-        Ok(()) => false,
-        Err(payload) => {
-            if let Err(again) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
-                core::mem::forget(again);
-            }
-            true
+    let Err(mut payload) = catch_unwind(AssertUnwindSafe(|| task.run())) else {
+        return false;
+    };
+    for _ in 0..PAYLOAD_DROPS {
+        match catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+            Ok(()) => return true,
+            Err(again) => payload = again,
         }
     }
+    core::mem::forget(payload);
+    true
 }
 
 /// The next task of the calling worker's current batch, if any.

@@ -32,20 +32,25 @@
 //! 1. **Never early.** A callback starts at or after its deadline, measured with
 //!    `Instant`.
 //! 2. **On time.** Under normal load it starts within one tick (plus wake-up latency)
-//!    after it.
+//!    after it, also after any sequence of [`TimerHandle::reset`]s.
 //! 3. **Exactly once.** A callback runs once, unless [`cancel`] returned `true` (then
 //!    never) or the service stopped first (then [`shutdown`] returns it as an
 //!    [`Unfired`], or it is dropped if the last [`ShardedTimer`] was dropped). Nothing
 //!    is silently lost.
 //! 4. **Dropping a handle does not cancel.** Fire-and-forget is the common case.
-//! 5. **Re-entrant.** [`schedule`] and [`cancel`] work from inside callbacks.
+//! 5. **Re-entrant.** [`schedule`], [`cancel`], [`TimerHandle::reset`] and
+//!    [`shutdown`] work from inside callbacks; a [`shutdown`] there runs the callbacks
+//!    queued behind the caller before it returns.
 //! 6. **Bounded when asked.** With [`Builder::max_pending`]`(n)`, the `n + 1`-th
 //!    pending timer gets [`ScheduleError::TooManyPending`]; firing and cancelling
 //!    free room again.
 //! 7. **Shutdown.** After [`shutdown`] starts, [`schedule`] returns
 //!    [`ScheduleError::Shutdown`]. Callbacks already handed to the executor finish
 //!    before it returns; everything still pending, in wheels or rings, comes back as
-//!    [`Unfired`]. Dropping the last clone shuts down too.
+//!    [`Unfired`]. Dropping the last clone shuts down the same way, but drops the
+//!    pending callbacks unrun. A pending [`Sleep`] or [`Timeout`] completes instead of
+//!    coming back, and says its deadline did not pass ([`Sleep::refused`],
+//!    [`Elapsed::refused`]).
 //! 8. **Odd input never panics.** `Duration::ZERO` or a past `Instant` fire on the
 //!    next tick; a delay beyond the wheel's range or `Duration::MAX` saturates (never
 //!    early, never a panic).
@@ -54,7 +59,9 @@
 //! returned happens-before the callback starts (the entry is published by a Release
 //! store in the ring and taken with an Acquire load, then handed to the executor
 //! through crossbeam-deque, which synchronises likewise). A [`cancel`] that returns
-//! `true` has dropped the callback before it returns.
+//! `true` has dropped the callback before it returns — last, after the service's own
+//! bookkeeping — unless a repeating timer's run is under way, whose runner drops it
+//! when the run returns.
 //!
 //! A callback that captures a clone of its own [`ShardedTimer`] keeps the service
 //! alive while it is pending: call [`shutdown`] to stop such a service (the pending
@@ -84,11 +91,22 @@
 // Maintainer notes (not rendered).
 //
 // Ownership of an entry's "service reference" moves: schedule -> insert ring -> shard
-// (wheel, or "awaiting cancel message") -> executor task or Unfired. A cancel that wins
-// while the entry is filed sends a message that does not own a reference: the shard
-// keeps the wheel's reference until that message arrives (entry ground rule 4), and
-// never exits while such a message is outstanding. That is why a TimerHandle can hold
-// a plain pointer to its shard's cancel ring.
+// wheel -> executor task or Unfired. Every message (cancel, move) owns a reference of
+// its own. The shard never exits while a message it knows of is outstanding (entry
+// ground rule 4; the tables in src/shard/core.rs), and a sender's last access to the
+// shard is the publication of its message (src/shard.rs, "publish last"). That is why
+// a TimerHandle can hold a plain pointer to its shard.
+//
+// Thread map:
+// - caller threads: ShardedTimer::{schedule*, stats, shutdown}, TimerHandle::*,
+//   Unfired::*, Sleep/Timeout polls; they reach ShardShared::{push_insert,
+//   send_cancel, send_move, nudge, request_stop, take_late}.
+// - shard threads: ShardThread::run and everything in ShardCore (the loom models run
+//   ShardCore on the model's main thread instead).
+// - worker threads: executor::worker_loop, FiredEntry::run, RunTask::run (which calls
+//   push_insert or hand_back_late), and, for a shutdown called from a callback,
+//   Executor::run_queued_here.
+// - any thread: the last EntryRef drop (frees the entry; drops a pending callback).
 
 /// The README's example, compiled and run as a doctest.
 #[cfg(doctest)]

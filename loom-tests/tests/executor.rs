@@ -16,7 +16,7 @@
 //! Second model: a task whose panic payload panics when dropped, with one worker.
 //! Asserts: the panic is counted and the worker lives on to run the next task.
 //! Seeded bug that makes it fail: dropping the payload outside `catch_unwind` in
-//! `run_caught` (as 157dca7 did): the payload's panic unwinds out of the worker and
+//! `run_caught` (as 157dca7 did, with `drop(payload)` after the match): the payload's panic unwinds out of the worker and
 //! loom fails the model with it ("the payload panics on drop, on purpose").
 //! Third model: a task that stops the pool from its worker (as `shutdown` called from a
 //! callback does) with tasks queued behind it in its batch and in the injector.

@@ -147,8 +147,7 @@ impl ShardCore {
                 File::AlreadyCancelled { moving } => {
                     cancelled += 1;
                     if moving {
-                        self.store.set_aside(entry.as_ptr(), Aside::Move);
-                        self.awaiting += 1;
+                        await_message(&mut self.store, &mut self.awaiting, &entry, Aside::Move);
                     }
                 }
             }
@@ -199,8 +198,7 @@ impl ShardCore {
             }
         }
         if entry.snapshot().is_moving() {
-            self.store.set_aside(ptr, Aside::Move);
-            self.awaiting += 1;
+            await_message(&mut self.store, &mut self.awaiting, entry, Aside::Move);
         }
     }
 
@@ -257,8 +255,7 @@ impl ShardCore {
                 Due::Later(entry) => refile.push(store.release(entry)),
                 Due::Cancelled(entry) => {
                     // Filed when its cancel won, so its message is on the way.
-                    store.set_aside(entry.as_ptr(), Aside::Cancel);
-                    *awaiting += 1;
+                    await_message(store, awaiting, &entry, Aside::Cancel);
                 }
             }
         });
@@ -288,46 +285,15 @@ impl ShardCore {
             .insert
             .drain_closed(&mut cursors.insert, reserved, &mut |entry| {
                 scheduled += 1;
-                let before = entry.detach();
-                match before.state() {
-                    TimerState::Pending => {
-                        if before.is_moving() {
-                            store.set_aside(entry.as_ptr(), Aside::DetachedMove);
-                            *awaiting += 1;
-                        }
-                        unfired.push(entry);
-                    }
-                    _ => {
-                        cancelled += 1;
-                        if before.is_moving() {
-                            store.set_aside(entry.as_ptr(), Aside::Move);
-                            *awaiting += 1;
-                        }
-                    }
-                }
+                let detached = detach(store, awaiting, entry, false, &mut unfired);
+                cancelled += u64::from(!detached);
             });
         ShardStats::bump(&shared.stats.scheduled, scheduled);
         ShardStats::bump(&shared.stats.cancelled, cancelled);
         wheel.drain(&mut |ptr| {
             // SAFETY: as in `expire`: each filed pointer comes back once, unclaimed.
             let entry = unsafe { store.claim(ptr) };
-            let before = entry.detach();
-            match before.state() {
-                TimerState::Pending => {
-                    if before.is_moving() {
-                        store.set_aside(entry.as_ptr(), Aside::DetachedMove);
-                        *awaiting += 1;
-                    }
-                    unfired.push(entry);
-                }
-                TimerState::Cancelled => {
-                    store.set_aside(entry.as_ptr(), Aside::Cancel);
-                    *awaiting += 1;
-                }
-                TimerState::Fired => {
-                    unreachable!("wheel invariant: a fired entry is never in the wheel")
-                }
-            }
+            detach(store, awaiting, entry, true, &mut unfired);
         });
         let backoff = Backoff::new();
         while self.awaiting > 0 {
@@ -337,5 +303,50 @@ impl ShardCore {
         }
         self.shared.retire();
         unfired
+    }
+}
+
+/// Tracks `entry` outside the wheel until the message `why` names arrives (ground
+/// rules: the first table).
+fn await_message(store: &mut ShardStore, awaiting: &mut usize, entry: &EntryRef, why: Aside) {
+    store.set_aside(entry.as_ptr(), why);
+    *awaiting += 1;
+}
+
+/// Shutdown's detach of an entry taken from the insert ring or (`in_wheel`) the
+/// wheel: a pending one goes to `unfired`, a cancelled one is let go; either waits for
+/// a message still to come (ground rules: the first table). Returns whether it was
+/// pending.
+fn detach(
+    store: &mut ShardStore,
+    awaiting: &mut usize,
+    entry: EntryRef,
+    in_wheel: bool,
+    unfired: &mut Vec<EntryRef>,
+) -> bool {
+    let before = entry.detach();
+    match before.state() {
+        TimerState::Pending => {
+            if before.is_moving() {
+                await_message(store, awaiting, &entry, Aside::DetachedMove);
+            }
+            unfired.push(entry);
+            true
+        }
+        // Filed when its cancel won: the cancel message is coming (and finds MOVING).
+        TimerState::Cancelled if in_wheel => {
+            await_message(store, awaiting, &entry, Aside::Cancel);
+            false
+        }
+        // Never filed: no cancel message, perhaps a move.
+        TimerState::Cancelled => {
+            if before.is_moving() {
+                await_message(store, awaiting, &entry, Aside::Move);
+            }
+            false
+        }
+        TimerState::Fired => {
+            unreachable!("shutdown invariant: a fired entry is in neither ring nor wheel")
+        }
     }
 }
