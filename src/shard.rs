@@ -17,11 +17,13 @@
 //!   the form loom can check (it treats SeqCst accesses as AcqRel), modelled in
 //!   `loom-tests/tests/park.rs`. While awake the shard publishes [`AWAKE`], so
 //!   producers do not unpark it.
-//! - **Publish last.** A producer decides on and performs the wake-up *between*
-//!   reserving its slot and publishing its value; publishing is its last access to
-//!   the shard. Until then the shard cannot pop the value, so a shard that waits for
-//!   that message at shutdown is still there; after it, the shard may exit and be
-//!   freed (entry ground rule 4; `loom-tests/tests/sink_lifetime.rs`).
+//! - **Publish last.** A producer decides on the wake-up *between* reserving its slot
+//!   and publishing its value, taking an owned handle to the shard's thread if it
+//!   must wake it; publishing is its last access to the shard, and the unpark goes
+//!   through that handle afterwards. Until the publication the shard cannot pop the
+//!   value, so a shard that waits for that message at shutdown is still there; after
+//!   it, the shard may exit and be freed (entry ground rule 4;
+//!   `loom-tests/tests/sink_lifetime.rs`).
 //! - **Shutdown.** See [`ShardCore::shut_down`]: the shard exits only after every
 //!   message it knows to be coming has arrived. Pending timers come back to the
 //!   caller. Repeating timers whose run ends after their shard stopped go to `late`;
@@ -303,13 +305,18 @@ impl ShardShared {
                         Wake::IfIdle => sleeps_until == NEVER,
                         Wake::Always => true,
                     };
-                    if urgent || self.is_filling(reservation.position()) {
-                        // Before publishing: a shard woken now finds the position
-                        // reserved and does not park again until it is published.
-                        self.thread.unpark();
-                    }
+                    // An owned handle, taken before publishing: after `publish` we may
+                    // touch nothing of the shard, but this handle outlives it. (Waking
+                    // before publishing instead lets the woken shard preempt us on our
+                    // core and spin on a slot it cannot pop yet.)
+                    let wake_up = (urgent || self.is_filling(reservation.position()))
+                        .then(|| self.thread.get())
+                        .flatten();
                     // The last access to the shard (ground rules: publish last).
                     reservation.publish(value);
+                    if let Some(shard_thread) = wake_up {
+                        shard_thread.unpark();
+                    }
                     return Ok(());
                 }
                 Err(Reserve::Full) => {

@@ -255,6 +255,16 @@ impl ThreadSlot {
         }
     }
 
+    /// An owned handle to the thread, if set: it stays valid after this slot (and
+    /// whatever holds it) is gone, so it can be unparked after the last access to the
+    /// slot's owner.
+    pub(crate) fn get(&self) -> Option<thread::Thread> {
+        #[cfg(not(loom))]
+        return self.thread.get().cloned();
+        #[cfg(loom)]
+        return self.thread.lock().unwrap().clone();
+    }
+
     /// Unparks the thread, if set. An unpark before the park makes the park return.
     pub(crate) fn unpark(&self) {
         #[cfg(not(loom))]
