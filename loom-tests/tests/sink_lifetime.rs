@@ -11,10 +11,11 @@
 //! message would race with the retirement, which loom reports — on the real service,
 //! a use-after-free once the last `ShardedTimer` is dropped); exactly one of "cancel
 //! won" and "handed back" holds; nothing leaks (`loom::alloc::Track` in each entry).
-//! Seeded bug that makes it fail: in `ShardShared::push_and_wake`, publish the
-//! reservation *before* reading `next_wake` and unparking (as 157dca7 did): "Causality
+//! Seeded bug that makes it fail: in `ShardShared::push_and_wake`, touch the shard
+//! after publishing (unpark through its thread slot rather than the handle taken
+//! before, as 157dca7 read `next_wake` and unparked after its push): "Causality
 //! violation: Concurrent read and write accesses to `UnsafeCell`" (the canary), in
-//! `cancel_racing_shutdown_touches_nothing_after_its_message`.
+//! both tests.
 //! Command: as in `ring.rs`, with `--test sink_lifetime`.
 #![cfg(loom)]
 
