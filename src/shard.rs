@@ -111,9 +111,7 @@ impl RunTask {
             shard.skipped.fetch_add(skipped, Ordering::Relaxed);
         }
         if let Some(entry) = running.finish() {
-            if let Err(entry) = shard.push_insert(entry, next) {
-                shard.hand_back_late(entry);
-            }
+            shard.refile_run(entry, next);
         }
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
@@ -342,6 +340,14 @@ impl ShardShared {
         self.thread.unpark();
     }
 
+    /// Files a repeating timer's next run, due at tick `next`, after its run ended;
+    /// if the shard has shut down, hands it to the late list instead.
+    pub fn refile_run(&self, entry: EntryRef, next: u64) {
+        if let Err(entry) = self.push_insert(entry, next) {
+            self.hand_back_late(entry);
+        }
+    }
+
     /// A repeating timer whose run ended after the shard shut down: kept for
     /// `shutdown` to hand back, or, once `shutdown` has collected them, cancelled (its
     /// callback dropped here, after the lock is released).
@@ -358,7 +364,7 @@ impl ShardShared {
 
     /// Takes the repeating timers that came back after the shard shut down, and seals
     /// the list: a run ending later cancels its timer.
-    pub(crate) fn take_late(&self) -> Vec<EntryRef> {
+    pub fn take_late(&self) -> Vec<EntryRef> {
         let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
         late.sealed = true;
         ::core::mem::take(&mut late.entries)

@@ -14,9 +14,22 @@
 //! `RUNNING` is set (`CancelledCallback::new(self, true)`): the canceller then drops it
 //! under the running callback: "Causality violation: Concurrent write accesses to
 //! `UnsafeCell`".
-//! Not modelled here: a run ending after shutdown (the `late` list, `RunTask`), which
-//! the integration test `a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped`
-//! covers on real threads.
+//! Second model: a run ending across the shard's shutdown (`ShardShared::refile_run`,
+//! the `late` list and its seal, as `shutdown` collects it; a shutdown called from the
+//! timer's own callback is the case where the run ends after the seal).
+//! Explores: the runner finishing a run and filing the next one while the shard shuts
+//! down (closes its insert ring, drains it) and the service then collects and seals
+//! the late list.
+//! Asserts: the timer is handed back (from the ring or the late list) or, if its run
+//! ended after the seal, cancelled — exactly one of these; its callback is dropped
+//! exactly once; nothing leaks.
+//! Seeded bug that makes it fail: `hand_back_late` ignoring the seal (157dca7 pushed
+//! to a list no later shutdown read): "assertion `left == right` failed: handed back
+//! or cancelled, exactly once".
+//! Not modelled: the whole service with a repeating timer (under loom it has no
+//! controllable clock for the run to come due; issue 12's `ManualClock`); the
+//! integration test `a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped`
+//! covers it on real threads.
 //! Command: as in `ring.rs`, with `--test repeating`.
 #![cfg(loom)]
 
@@ -27,6 +40,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
 use sharded_timer::__loom::{next_id, EntryRef, Expired};
+use sharded_timer::TimerState;
 
 /// Counts drops of the callback's captures.
 struct DropCount(Arc<AtomicUsize>);
@@ -93,6 +107,55 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
         assert!(cancelled.load(Ordering::SeqCst));
         let left = core.shut_down();
         assert!(left.is_empty(), "a cancelled timer is not handed back");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "dropped exactly once");
+    });
+}
+
+#[test]
+fn a_run_ending_across_shutdown_is_handed_back_or_cancelled_exactly_once() {
+    model(|| {
+        let (shared, mut core) = loom_tests::shard::new(2);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let capture = DropCount(dropped.clone());
+        let start = Instant::now();
+        let (handle, service) =
+            EntryRef::new_repeating(next_id(), 0, start, Duration::from_secs(1), move || {
+                let _capture = &capture;
+            });
+        assert!(shared.push_insert(service, 0).is_ok());
+        core.drain_inserts();
+        let mut runs = Vec::new();
+        core.expire(0, &mut |expired| match expired {
+            Expired::Run(running) => runs.push(running),
+            Expired::Fired(_) => panic!("a repeating timer runs, it does not fire"),
+        });
+        let runner = {
+            let shared = shared.clone();
+            thread::spawn(move || {
+                for mut running in runs {
+                    running.call();
+                    let (next, _) = running.schedule_next(start, |_| 1);
+                    if let Some(entry) = running.finish() {
+                        shared.refile_run(entry, next);
+                    }
+                }
+            })
+        };
+        let unfired = core.shut_down();
+        let late = shared.take_late();
+        trace(format!(
+            "handed back: {} from the ring, {} late",
+            unfired.len(),
+            late.len()
+        ));
+        runner.join().unwrap();
+        let cancelled = handle.state() == TimerState::Cancelled;
+        assert_eq!(
+            unfired.len() + late.len() + usize::from(cancelled),
+            1,
+            "handed back or cancelled, exactly once"
+        );
+        drop((unfired, late, handle));
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "dropped exactly once");
     });
 }
