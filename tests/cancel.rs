@@ -258,13 +258,7 @@ fn cancel_whose_capture_panics_on_drop_leaves_the_service_whole() {
             panic!("capture panics on drop, on purpose");
         }
     }
-    let timer = sharded_timer::ShardedTimer::builder()
-        .shards(1)
-        .executor_threads(1)
-        .max_pending(1)
-        .pin_cores(false)
-        .build()
-        .unwrap();
+    let timer = support::one_shard_timer_bounded(1);
     let capture = PanicOnDrop;
     let handle = timer
         .schedule(Duration::from_secs(60), move || {

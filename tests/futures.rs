@@ -148,13 +148,7 @@ fn a_pending_sleep_completes_at_shutdown_unelapsed_and_is_not_handed_back() {
 /// that says the deadline was refused, not reached.
 #[test]
 fn a_timeout_that_gets_no_timer_says_so_instead_of_elapsing() {
-    let timer = sharded_timer::ShardedTimer::builder()
-        .shards(1)
-        .executor_threads(1)
-        .max_pending(1)
-        .pin_cores(false)
-        .build()
-        .unwrap();
+    let timer = support::one_shard_timer_bounded(1);
     let _held = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
     let refused = timer.try_timeout(Duration::from_secs(3600), std::future::pending::<()>());
     assert_eq!(

@@ -39,7 +39,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
-use sharded_timer::__loom::{next_id, EntryRef, Expired};
+use sharded_timer::__loom::{next_id, EntryRef, Expired, RunningEntry, ShardCore, ShardShared};
 use sharded_timer::TimerState;
 
 /// Counts drops of the callback's captures.
@@ -51,20 +51,58 @@ impl Drop for DropCount {
     }
 }
 
+/// A fresh shard with a repeating timer (period 1 s) filed in its wheel, due at tick
+/// 0; the callback's captures count their drops in `dropped`. Returns the shard, its
+/// core, the timer's handle and its start.
+fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, EntryRef, Instant) {
+    let (shared, mut core) = loom_tests::shard::new(2);
+    let capture = DropCount(dropped.clone());
+    let start = Instant::now();
+    let (handle, service) =
+        EntryRef::new_repeating(next_id(), 0, start, Duration::from_secs(1), move || {
+            let _capture = &capture;
+            trace("run");
+        });
+    assert!(shared.push_insert(service, 0).is_ok());
+    core.drain_inserts();
+    (shared, core, handle, start)
+}
+
+/// The runs the core starts at tick 0.
+fn start_runs(core: &mut ShardCore) -> Vec<RunningEntry> {
+    let mut runs = Vec::new();
+    core.expire(0, &mut |expired| match expired {
+        Expired::Run(running) => runs.push(running),
+        Expired::Fired(_) => panic!("a repeating timer runs, it does not fire"),
+    });
+    runs
+}
+
+/// A runner thread doing what `RunTask::run` does: call, schedule the next run, end
+/// the run, and file the next one (`refile_run`, the shipped code).
+fn spawn_runner(
+    shared: &Arc<ShardShared>,
+    runs: Vec<RunningEntry>,
+    start: Instant,
+) -> thread::JoinHandle<()> {
+    let shared = shared.clone();
+    thread::spawn(move || {
+        for mut running in runs {
+            running.call();
+            let (next, _) = running.schedule_next(start, |_| 1);
+            if let Some(entry) = running.finish() {
+                trace("filed again, or handed back");
+                shared.refile_run(entry, next);
+            }
+        }
+    })
+}
+
 #[test]
 fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
     model(|| {
-        let (shared, mut core) = loom_tests::shard::new(2);
         let dropped = Arc::new(AtomicUsize::new(0));
-        let capture = DropCount(dropped.clone());
-        let start = Instant::now();
-        let (handle, service) =
-            EntryRef::new_repeating(next_id(), 0, start, Duration::from_secs(1), move || {
-                let _capture = &capture;
-                trace("run");
-            });
-        assert!(shared.push_insert(service, 0).is_ok());
-        core.drain_inserts();
+        let (shared, mut core, handle, start) = filed_repeating(&dropped);
         let cancelled = Arc::new(AtomicBool::new(false));
         let canceller = {
             let (shared, cancelled) = (shared.clone(), cancelled.clone());
@@ -75,24 +113,7 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
                 cancelled.store(true, Ordering::SeqCst);
             })
         };
-        let mut runs = Vec::new();
-        core.expire(0, &mut |expired| match expired {
-            Expired::Run(running) => runs.push(running),
-            Expired::Fired(_) => panic!("a repeating timer runs, it does not fire"),
-        });
-        let runner = {
-            let shared = shared.clone();
-            thread::spawn(move || {
-                for mut running in runs {
-                    running.call();
-                    let _ = running.schedule_next(start, |_| 1);
-                    if let Some(entry) = running.finish() {
-                        trace("filed again");
-                        assert!(shared.push_insert(entry, 1).is_ok());
-                    }
-                }
-            })
-        };
+        let runner = spawn_runner(&shared, start_runs(&mut core), start);
         runner.join().unwrap();
         canceller.join().unwrap();
         // Let the core settle: take the re-filed run (or discard it), take messages.
@@ -114,33 +135,9 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
 #[test]
 fn a_run_ending_across_shutdown_is_handed_back_or_cancelled_exactly_once() {
     model(|| {
-        let (shared, mut core) = loom_tests::shard::new(2);
         let dropped = Arc::new(AtomicUsize::new(0));
-        let capture = DropCount(dropped.clone());
-        let start = Instant::now();
-        let (handle, service) =
-            EntryRef::new_repeating(next_id(), 0, start, Duration::from_secs(1), move || {
-                let _capture = &capture;
-            });
-        assert!(shared.push_insert(service, 0).is_ok());
-        core.drain_inserts();
-        let mut runs = Vec::new();
-        core.expire(0, &mut |expired| match expired {
-            Expired::Run(running) => runs.push(running),
-            Expired::Fired(_) => panic!("a repeating timer runs, it does not fire"),
-        });
-        let runner = {
-            let shared = shared.clone();
-            thread::spawn(move || {
-                for mut running in runs {
-                    running.call();
-                    let (next, _) = running.schedule_next(start, |_| 1);
-                    if let Some(entry) = running.finish() {
-                        shared.refile_run(entry, next);
-                    }
-                }
-            })
-        };
+        let (shared, mut core, handle, start) = filed_repeating(&dropped);
+        let runner = spawn_runner(&shared, start_runs(&mut core), start);
         let unfired = core.shut_down();
         let late = shared.take_late();
         trace(format!(

@@ -84,13 +84,26 @@ pub(crate) fn within<T: Send + 'static>(
 
 /// A one-shard service (so every timer goes to the same wheel), 1 worker.
 pub(crate) fn one_shard_timer() -> ShardedTimer {
+    one_shard_builder()
+        .build()
+        .expect("a 1-shard service builds")
+}
+
+/// As [`one_shard_timer`], with `max_pending(limit)`.
+pub(crate) fn one_shard_timer_bounded(limit: usize) -> ShardedTimer {
+    one_shard_builder()
+        .max_pending(limit)
+        .build()
+        .expect("a bounded 1-shard service builds")
+}
+
+/// The builder of the one-shard services above.
+fn one_shard_builder() -> sharded_timer::Builder {
     ShardedTimer::builder()
         .shards(1)
         .executor_threads(1)
         .pin_cores(false)
         .thread_name("test")
-        .build()
-        .expect("a 1-shard service builds")
 }
 
 /// Waits until the shards have taken `n` timers in (so they are filed in a wheel).
