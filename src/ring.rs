@@ -1,5 +1,5 @@
 //! A bounded lock-free multi-producer single-consumer ring: each shard's insert ring
-//! and cancel ring.
+//! and message ring (cancel and move messages).
 //!
 //! # Algorithm
 //!

@@ -138,7 +138,7 @@ impl Builder {
         self
     }
 
-    /// Slots of each shard's insert ring and cancel ring: a power of two, at least 2.
+    /// Slots of each shard's insert ring and message ring: a power of two, at least 2.
     /// A full ring never drops a timer; the scheduling thread waits for room.
     /// Default: 4096. Other values make [`build`](Self::build) fail.
     pub fn ring_capacity(mut self, capacity: usize) -> Self {
