@@ -346,7 +346,7 @@ impl EntryRef {
         match header.state.finish_reset(deadline < old) {
             Finish::Pending { send_move } => {
                 if send_move {
-                    port.send_move(self.clone(), deadline);
+                    port.send_move(self.clone());
                 }
                 true
             }
@@ -527,7 +527,7 @@ mod tests {
         fn send_cancel(&self, entry: EntryRef) {
             self.0.lock().unwrap().push(entry);
         }
-        fn send_move(&self, entry: EntryRef, _deadline: u64) {
+        fn send_move(&self, entry: EntryRef) {
             self.0.lock().unwrap().push(entry);
         }
     }

@@ -403,7 +403,7 @@ impl CancelSink for ShardShared {
         self.send_message(Message::Cancel(entry), Wake::IfIdle);
     }
 
-    fn send_move(&self, entry: EntryRef, _deadline: u64) {
+    fn send_move(&self, entry: EntryRef) {
         self.send_message(Message::Move(entry), Wake::Always);
     }
 }

@@ -21,9 +21,10 @@ pub trait CancelSink: Sync {
     /// Delivers a cancel message; must not lose it, and must not touch the sink after
     /// publishing it (ground rule 4).
     fn send_cancel(&self, entry: EntryRef);
-    /// Delivers a move message for an entry now due at tick `deadline`; must not lose
-    /// it, and must not touch the sink after publishing it (ground rule 4).
-    fn send_move(&self, entry: EntryRef, deadline: u64);
+    /// Delivers a move message for an entry whose deadline moved earlier; must not lose
+    /// it, and must not touch the sink after publishing it (ground rule 4). The shard
+    /// reads the entry's latest deadline when the message arrives, so it carries none.
+    fn send_move(&self, entry: EntryRef);
 }
 
 /// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only to send a
@@ -57,11 +58,11 @@ impl<S: CancelSink> CancelPort<S> {
 
     /// Sends a move message. Call only after setting `MOVING` on a pending entry that
     /// is not detached (the shard then waits for exactly this message).
-    pub(super) fn send_move(&self, entry: EntryRef, deadline: u64) {
+    pub(super) fn send_move(&self, entry: EntryRef) {
         // SAFETY: the caller set MOVING on an undetached pending entry, so the sink
         // waits for this message before it goes (ground rule 4).
         let sink = unsafe { self.0.as_ref() };
-        sink.send_move(entry, deadline);
+        sink.send_move(entry);
     }
 }
 
