@@ -193,19 +193,23 @@ fn cancelled_timers_free_their_callbacks_before_their_deadline() {
     assert_eq!(timer.stats().pending, 0);
 }
 
-/// Audit defect 2: a winning cancel whose callback holds the last clone of the service
-/// (so dropping the callback shuts the service down) must return, not deadlock.
-#[test]
-fn cancel_whose_callback_holds_the_last_clone_returns() {
-    let timer = support::one_shard_timer();
-    let keep = timer.clone();
+/// A timer due in 60 s whose callback holds `capture`, filed in its shard's wheel (so a
+/// winning cancel sends the shard a message).
+fn filed_timer_holding<C: Send + 'static>(
+    timer: &sharded_timer::ShardedTimer,
+    capture: C,
+) -> sharded_timer::TimerHandle {
     let handle = timer
         .schedule(Duration::from_secs(60), move || {
-            let _keep = &keep;
+            let _capture = &capture;
         })
         .unwrap();
-    support::wait_filed(&timer, 1);
-    drop(timer);
+    support::wait_filed(timer, 1);
+    handle
+}
+
+/// Cancels on another thread; the cancel must win and return within `WAIT`.
+fn assert_cancel_wins_and_returns(handle: sharded_timer::TimerHandle) {
     let won = support::within(support::WAIT, move || handle.cancel());
     assert_eq!(
         won,
@@ -213,6 +217,17 @@ fn cancel_whose_callback_holds_the_last_clone_returns() {
         "cancel returned within {:?}",
         support::WAIT
     );
+}
+
+/// Audit defect 2: a winning cancel whose callback holds the last clone of the service
+/// (so dropping the callback shuts the service down) must return, not deadlock.
+#[test]
+fn cancel_whose_callback_holds_the_last_clone_returns() {
+    let timer = support::one_shard_timer();
+    let keep = timer.clone();
+    let handle = filed_timer_holding(&timer, keep);
+    drop(timer);
+    assert_cancel_wins_and_returns(handle);
 }
 
 /// Audit defect 2, second trigger: a capture whose `Drop` calls `shutdown`.
@@ -226,19 +241,8 @@ fn cancel_whose_capture_shuts_down_on_drop_returns() {
     }
     let timer = support::one_shard_timer();
     let capture = ShutdownOnDrop(timer.clone());
-    let handle = timer
-        .schedule(Duration::from_secs(60), move || {
-            let _capture = &capture;
-        })
-        .unwrap();
-    support::wait_filed(&timer, 1);
-    let won = support::within(support::WAIT, move || handle.cancel());
-    assert_eq!(
-        won,
-        Some(true),
-        "cancel returned within {:?}",
-        support::WAIT
-    );
+    let handle = filed_timer_holding(&timer, capture);
+    assert_cancel_wins_and_returns(handle);
     let again = support::within(support::WAIT, move || timer.shutdown().len());
     assert_eq!(
         again,
@@ -260,12 +264,7 @@ fn cancel_whose_capture_panics_on_drop_leaves_the_service_whole() {
     }
     let timer = support::one_shard_timer_bounded(1);
     let capture = PanicOnDrop;
-    let handle = timer
-        .schedule(Duration::from_secs(60), move || {
-            let _capture = &capture;
-        })
-        .unwrap();
-    support::wait_filed(&timer, 1);
+    let handle = filed_timer_holding(&timer, capture);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle.cancel()));
     assert!(outcome.is_err(), "the capture's panic reaches the caller");
     assert_eq!(handle.state(), TimerState::Cancelled);

@@ -212,6 +212,19 @@ fn park_shard_for_3s(timer: &sharded_timer::ShardedTimer) -> sharded_timer::Time
     parked
 }
 
+/// A timer due in 60 s that reports the instant it runs.
+fn schedule_reporting_in_60s(
+    timer: &sharded_timer::ShardedTimer,
+) -> (sharded_timer::TimerHandle, mpsc::Receiver<Instant>) {
+    let (tx, rx) = mpsc::channel();
+    let handle = timer
+        .schedule(Duration::from_secs(60), move || {
+            tx.send(Instant::now()).unwrap()
+        })
+        .unwrap();
+    (handle, rx)
+}
+
 /// Waits for the reset timer's run and checks it came at or after `asked`, within
 /// [`RESET_LATE`].
 fn assert_fires_on_time(rx: &mpsc::Receiver<Instant>, asked: Instant) {
@@ -230,12 +243,7 @@ fn assert_fires_on_time(rx: &mpsc::Receiver<Instant>, asked: Instant) {
 fn an_earlier_reset_of_a_timer_not_yet_filed_fires_on_time() {
     let timer = support::one_shard_timer();
     let _parked = park_shard_for_3s(&timer);
-    let (tx, rx) = mpsc::channel();
-    let handle = timer
-        .schedule(Duration::from_secs(60), move || {
-            tx.send(Instant::now()).unwrap()
-        })
-        .unwrap();
+    let (handle, rx) = schedule_reporting_in_60s(&timer);
     let asked = Instant::now() + Duration::from_millis(10);
     assert!(handle.reset_at(asked));
     assert_fires_on_time(&rx, asked);
@@ -247,12 +255,7 @@ fn an_earlier_reset_of_a_timer_not_yet_filed_fires_on_time() {
 fn two_earlier_resets_in_a_row_fire_on_the_second_deadline() {
     let timer = support::one_shard_timer();
     let _parked = park_shard_for_3s(&timer);
-    let (tx, rx) = mpsc::channel();
-    let handle = timer
-        .schedule(Duration::from_secs(60), move || {
-            tx.send(Instant::now()).unwrap()
-        })
-        .unwrap();
+    let (handle, rx) = schedule_reporting_in_60s(&timer);
     support::wait_filed(&timer, 2);
     std::thread::sleep(Duration::from_millis(100));
     assert!(handle.reset(Duration::from_secs(30)), "earlier than 60 s");
