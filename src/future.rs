@@ -19,34 +19,118 @@ use crate::{ScheduleError, ShardedTimer, TimerHandle};
 /// The sleep's timer has not fired.
 const WAITING: u8 = 0;
 /// The sleep's timer fired: the deadline has passed.
-const ELAPSED: u8 = 1;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "`pub` so that `__loom` can re-export it to the models"
+    )
+)]
+pub const ELAPSED: u8 = 1;
 /// The service shut down before the deadline, or refused the timer.
-const ABANDONED: u8 = 2;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "`pub` so that `__loom` can re-export it to the models"
+    )
+)]
+pub const ABANDONED: u8 = 2;
 
-/// What a sleep's timer callback and its future share.
-#[derive(Debug)]
-struct Shared {
+/// What a sleep's timer callback and its future share: the outcome and the waker.
+///
+/// The handshake (a loom model, `loom-tests/tests/sleep_waker.rs`, drives these very
+/// methods): the poller stores its waker under the mutex and then re-reads the
+/// outcome; `finish` CASes the outcome and then takes the waker under the same mutex.
+/// Either the poller's re-read sees the outcome, or `finish`'s take comes after the
+/// store and wakes the stored waker — a wake-up cannot be lost.
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "`pub` so that `__loom` can re-export it to the models"
+    )
+)]
+#[derive(Debug, Default)]
+pub struct Shared {
     /// `WAITING`, `ELAPSED` or `ABANDONED`; written once by the callback or its drop.
     outcome: AtomicU8,
     /// The waker of the task that last polled the sleep.
     waker: Mutex<Option<Waker>>,
 }
 
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "`pub` so that `__loom` can re-export it to the models"
+    )
+)]
 impl Shared {
-    /// Records the outcome (first writer wins) and wakes the waiting task.
-    fn finish(&self, outcome: u8) {
+    /// A sleep not yet finished, with no waker.
+    pub fn new() -> Shared {
+        Shared {
+            outcome: AtomicU8::new(WAITING),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Records the outcome (first writer wins) and wakes the waiting task. Returns
+    /// whether this call's outcome won.
+    pub fn finish(&self, outcome: u8) -> bool {
         // ORDERING: AcqRel: the poller's Acquire load of `outcome` sees it; nothing
         // else is published through it. Failure Relaxed: already finished.
-        if self
+        let won = self
             .outcome
             .compare_exchange(WAITING, outcome, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
+            .is_ok();
+        if won {
             let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(waker) = waker {
                 waker.wake();
             }
         }
+        won
+    }
+
+    /// `WAITING`, `ELAPSED` or `ABANDONED`.
+    pub fn outcome(&self) -> u8 {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `finish`.
+        self.outcome.load(Ordering::Acquire)
+    }
+}
+
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "`pub` so that `__loom` can re-export it to the models"
+    )
+)]
+impl Shared {
+    /// `Ready` once the sleep has an outcome; otherwise stores `cx`'s waker for
+    /// `finish` to wake and returns `Pending`.
+    pub fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
+        if self.outcome.load(Ordering::Acquire) != WAITING {
+            return Poll::Ready(());
+        }
+        {
+            let mut waker = self.waker.lock().unwrap_or_else(|e| e.into_inner());
+            match waker.as_ref() {
+                Some(current) if current.will_wake(cx.waker()) => {}
+                _ => *waker = Some(cx.waker().clone()),
+            }
+        }
+        // Finished between the first check and storing the waker: `finish` may have
+        // taken the old waker (or none), so check again rather than miss the wake.
+        // ORDERING: Acquire, as above. The waker mutex orders this load after our
+        // store, and `finish`'s CAS before its take: if `finish`'s take saw no waker
+        // of ours, its CAS precedes our unlock, so this load sees the outcome.
+        if self.outcome.load(Ordering::Acquire) != WAITING {
+            return Poll::Ready(());
+        }
+        Poll::Pending
     }
 }
 
@@ -107,10 +191,7 @@ impl Sleep {
     /// Schedules the sleep's timer on `timer` for `deadline`. A refusal completes the
     /// sleep at once, with the reason in `refused`.
     pub(crate) fn new(timer: &ShardedTimer, deadline: Instant) -> Sleep {
-        let shared = Arc::new(Shared {
-            outcome: AtomicU8::new(WAITING),
-            waker: Mutex::new(None),
-        });
+        let shared = Arc::new(Shared::new());
         let guard = FinishOnDrop(shared.clone());
         // If the service refuses the timer, the callback and its guard are dropped,
         // which finishes the sleep as abandoned.
@@ -134,8 +215,7 @@ impl Sleep {
     /// it was pending: [`ScheduleError::Shutdown`]); `None` while pending and after it
     /// elapsed.
     pub fn refused(&self) -> Option<ScheduleError> {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
-        if self.shared.outcome.load(Ordering::Acquire) != ABANDONED {
+        if self.shared.outcome() != ABANDONED {
             return None;
         }
         Some(self.refused.unwrap_or(ScheduleError::Shutdown))
@@ -149,8 +229,7 @@ impl Sleep {
     /// Whether the deadline has passed (the timer fired). `false` while pending, and
     /// for a sleep that completed because its service shut down.
     pub fn is_elapsed(&self) -> bool {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
-        self.shared.outcome.load(Ordering::Acquire) == ELAPSED
+        self.shared.outcome() == ELAPSED
     }
 }
 
@@ -158,24 +237,7 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
-        if self.shared.outcome.load(Ordering::Acquire) != WAITING {
-            return Poll::Ready(());
-        }
-        {
-            let mut waker = self.shared.waker.lock().unwrap_or_else(|e| e.into_inner());
-            match waker.as_ref() {
-                Some(current) if current.will_wake(cx.waker()) => {}
-                _ => *waker = Some(cx.waker().clone()),
-            }
-        }
-        // Finished between the first check and storing the waker: `finish` may have
-        // taken the old waker (or none), so check again rather than miss the wake.
-        // ORDERING: Acquire, as above; the waker mutex orders this after our store.
-        if self.shared.outcome.load(Ordering::Acquire) != WAITING {
-            return Poll::Ready(());
-        }
-        Poll::Pending
+        self.shared.poll_finished(cx)
     }
 }
 
