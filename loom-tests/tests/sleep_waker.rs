@@ -9,7 +9,8 @@
 //! (the task parked with no wake to come) — and it sees the outcome that won.
 //! Seeded bug that makes it fail: drop the re-check of `outcome` after storing the
 //! waker in `poll_finished` (finish runs between the first check and the store, takes
-//! no waker, and the task parks for ever): "deadlock; threads = [(Id(0), Blocked…".
+//! no waker, and the task parks for ever): "deadlock; threads = [(Id(0),
+//! Blocked(Location(None))), (Id(1), Terminated)]".
 //! Command: as in `ring.rs`, with `--test sleep_waker`.
 #![cfg(loom)]
 
