@@ -9,8 +9,16 @@
 //!   timers; each request is answered (cancelled) 1024 requests later, 97 % of the time.
 //! - burst: 1 M timers due at the same instant; drain rate = timers / time from the
 //!   deadline to the last callback.
-//! - memory: allocated bytes per pending timer for 1 M pending timers, minus the
-//!   16-byte closure each captures.
+//! - schedule, schedule+cancel: 1 M timers (delays 1 s..60 s) from 1, 2 and 8
+//!   producer threads, each keeping its handles; with cancel, each timer is cancelled
+//!   right after it is scheduled.
+//! - memory: allocated bytes per pending timer for 1 M pending timers, the caller
+//!   keeping its handle (each peer's own handle type), minus the 16-byte closure each
+//!   captures.
+//!
+//! tokio runs as its users write timeouts: `tokio` is one `tokio::time::sleep` per
+//! timer and `tokio-timeout` one `tokio::time::timeout` around a request, each
+//! registered where it is created and dropped to cancel (`peers/tokio_timer.rs`).
 //!
 //! Each workload runs 3 rounds over all peers, interleaved, and reports each peer's
 //! median round with the range (the shared machine's speed drifts within a run).
@@ -130,34 +138,47 @@ fn rpc(kind: Kind) -> Row {
     let slots = Slots::leak(REQUESTS);
     let abandoned = AtomicU64::new(0);
     let start = Instant::now();
-    std::thread::scope(|scope| {
-        for producer in 0..2 {
-            let (peer, abandoned) = (&peer, &abandoned);
-            scope.spawn(move || {
-                peers::pin_producer(producer);
-                let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
-                let mut window: std::collections::VecDeque<Handle> = Default::default();
-                let per = REQUESTS / 2;
-                for index in producer * per..(producer + 1) * per {
-                    let deadline = Instant::now() + TIMEOUT;
-                    window.push_back(peer.schedule(TIMEOUT, move || slots.record(index, deadline)));
-                    if window.len() > WINDOW {
-                        let handle = window.pop_front().unwrap();
-                        rng ^= rng << 13;
-                        rng ^= rng >> 7;
-                        rng ^= rng << 17;
-                        if rng % 100 < 97 {
-                            peer.cancel(&handle);
-                        } else {
-                            abandoned.fetch_add(1, Ordering::Relaxed);
+    // Handles of requests left to time out, kept until they fired: dropping a tokio
+    // future cancels it, so every peer keeps them alike.
+    let kept: Vec<Vec<Handle>> = std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..2)
+            .map(|producer| {
+                let (peer, abandoned) = (&peer, &abandoned);
+                scope.spawn(move || {
+                    let mut kept = Vec::new();
+                    peers::pin_producer(producer);
+                    let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
+                    let mut window: std::collections::VecDeque<Handle> = Default::default();
+                    let per = REQUESTS / 2;
+                    for index in producer * per..(producer + 1) * per {
+                        let deadline = Instant::now() + TIMEOUT;
+                        window.push_back(
+                            peer.schedule(TIMEOUT, move || slots.record(index, deadline)),
+                        );
+                        if window.len() > WINDOW {
+                            let handle = window.pop_front().unwrap();
+                            rng ^= rng << 13;
+                            rng ^= rng >> 7;
+                            rng ^= rng << 17;
+                            if rng % 100 < 97 {
+                                peer.cancel(&handle);
+                            } else {
+                                abandoned.fetch_add(1, Ordering::Relaxed);
+                                kept.push(handle);
+                            }
                         }
                     }
-                }
-                for handle in window {
-                    peer.cancel(&handle);
-                }
-            });
-        }
+                    for handle in window {
+                        peer.cancel(&handle);
+                    }
+                    kept
+                })
+            })
+            .collect();
+        producers
+            .into_iter()
+            .map(|p| p.join().expect("producer"))
+            .collect()
     });
     let elapsed = start.elapsed();
     let expected = abandoned.load(Ordering::Relaxed);
@@ -167,6 +188,7 @@ fn rpc(kind: Kind) -> Row {
         TIMEOUT + Duration::from_secs(20),
     );
     let (histogram, _) = slots.histogram();
+    drop(kept);
     drop(background);
     drop(peer);
     Row::new(
@@ -181,41 +203,99 @@ fn burst(kind: Kind) -> Row {
     let peer = kind.start();
     let slots = Slots::leak(BURST);
     let deadline = Instant::now() + Duration::from_millis(1_500);
-    std::thread::scope(|scope| {
-        for producer in 0..2 {
-            let peer = &peer;
-            scope.spawn(move || {
-                peers::pin_producer(producer);
-                for index in (producer..BURST).step_by(2) {
-                    let delay = deadline.saturating_duration_since(Instant::now());
-                    drop(peer.schedule(delay, move || slots.record(index, deadline)));
-                }
-            });
-        }
+    // Handles are kept until the timers fired (dropping a tokio future cancels it).
+    let kept: Vec<Vec<Handle>> = std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..2)
+            .map(|producer| {
+                let peer = &peer;
+                scope.spawn(move || {
+                    peers::pin_producer(producer);
+                    let mut kept = Vec::with_capacity(BURST / 2 + 1);
+                    for index in (producer..BURST).step_by(2) {
+                        let delay = deadline.saturating_duration_since(Instant::now());
+                        kept.push(peer.schedule(delay, move || slots.record(index, deadline)));
+                    }
+                    kept
+                })
+            })
+            .collect();
+        producers
+            .into_iter()
+            .map(|p| p.join().expect("producer"))
+            .collect()
     });
     wait_for(|| fired_count(slots), BURST as u64, Duration::from_secs(60));
     let (histogram, fired) = slots.histogram();
+    drop(kept);
     drop(peer);
     let drain = Duration::from_micros(histogram.max().max(1));
     Row::new(kind, fired as f64 / drain.as_secs_f64(), &histogram, slots)
 }
 
+/// Allocated bytes per pending timer, **the caller keeping its handle**: the peer's
+/// allocations for 1 M pending timers plus the size of the handle each caller keeps
+/// (the handles' own vector is allocated before the count starts), minus the
+/// 16-byte closure each captures.
 fn bytes_per_pending(kind: Kind) -> f64 {
     let peer = kind.start();
     let slots = Slots::leak(0);
+    let mut handles: Vec<Handle> = Vec::with_capacity(BACKGROUND);
     let before = alloc::allocated();
     for index in 0..BACKGROUND {
-        // A 16-byte closure (a reference and an index, as in the driver). The handle
-        // is dropped: no peer cancels on drop, and handles are the caller's memory.
-        drop(peer.schedule(Duration::from_secs(3600), move || {
+        // A 16-byte closure (a reference and an index, as in the driver).
+        handles.push(peer.schedule(Duration::from_secs(3600), move || {
             let _ = (slots, index);
         }));
     }
-    // Let the peers' own threads take the timers in (tokio registers on a worker).
+    // Let the peers' own threads take the timers in.
     std::thread::sleep(Duration::from_millis(500));
     let bytes = alloc::allocated().saturating_sub(before) as f64 / BACKGROUND as f64;
+    drop(handles);
     drop(peer);
-    bytes - 16.0
+    bytes + kind.handle_size() as f64 - 16.0
+}
+
+/// Schedules `TIMERS` timers (delays spread over 1 s..60 s) from `threads` producer
+/// threads, each keeping its handles, and, with `cancel`, cancels each right after
+/// scheduling it. Returns timers (pairs) per second.
+fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> f64 {
+    const TIMERS: usize = 1_000_000;
+    let peer = kind.start();
+    let per = TIMERS / threads;
+    let barrier = std::sync::Barrier::new(threads + 1);
+    let elapsed = std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..threads)
+            .map(|producer| {
+                let (peer, barrier) = (&peer, &barrier);
+                scope.spawn(move || {
+                    peers::pin_producer(producer);
+                    let mut kept = Vec::with_capacity(if cancel { 0 } else { per });
+                    barrier.wait();
+                    for i in 0..per {
+                        let handle =
+                            peer.schedule(peers::spread_delay((producer * per + i) as u64), || {});
+                        if cancel {
+                            peer.cancel(&handle);
+                        } else {
+                            kept.push(handle);
+                        }
+                    }
+                    barrier.wait();
+                    kept
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        barrier.wait();
+        let elapsed = start.elapsed();
+        for producer in producers {
+            drop(producer.join().expect("producer"));
+        }
+        elapsed
+    });
+    drop(peer);
+    (per * threads) as f64 / elapsed.as_secs_f64()
 }
 
 /// Runs `workload` for every peer `rounds` times, interleaved, and keeps for each
@@ -278,6 +358,7 @@ fn main() {
     let only = std::env::var("COMPARE_PEERS").ok();
     let kinds: Vec<Kind> = Kind::ALL
         .into_iter()
+        .chain([Kind::TokioTimeout])
         .filter(|k| {
             only.as_deref()
                 .is_none_or(|o| o.split(',').any(|n| n == k.name()))
@@ -297,9 +378,58 @@ fn main() {
         "fired/s",
         &burst_rows,
     );
-    println!("\nbytes per pending timer (1 M pending, excluding the 16-byte closure)");
+    println!(
+        "\nschedule and schedule+cancel, 1 M timers, M/s (median of {rounds} interleaved rounds)"
+    );
+    println!(
+        "{:<18} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "peer", "s T=1", "s T=2", "s T=8", "s+c T=1", "s+c T=2", "s+c T=8"
+    );
+    let mut rates = vec![[0.0f64; 6]; kinds.len()];
+    let mut samples = vec![vec![Vec::new(); 6]; kinds.len()];
+    for _ in 0..rounds.max(1) {
+        for (k, &kind) in kinds.iter().enumerate() {
+            for (c, (threads, cancel)) in [
+                (1, false),
+                (2, false),
+                (8, false),
+                (1, true),
+                (2, true),
+                (8, true),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                samples[k][c].push(schedule_rate(kind, threads, cancel));
+            }
+        }
+    }
+    for (k, &kind) in kinds.iter().enumerate() {
+        for c in 0..6 {
+            let column = &mut samples[k][c];
+            column.sort_by(f64::total_cmp);
+            rates[k][c] = column[column.len() / 2];
+        }
+        let r = rates[k];
+        println!(
+            "{:<18} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            kind.name(),
+            r[0] / 1e6,
+            r[1] / 1e6,
+            r[2] / 1e6,
+            r[3] / 1e6,
+            r[4] / 1e6,
+            r[5] / 1e6
+        );
+    }
+    println!("\nbytes per pending timer (1 M pending, the caller keeping its handle, excluding the 16-byte closure)");
     for &kind in &kinds {
-        println!("{:<18} {:>8.1}", kind.name(), bytes_per_pending(kind));
+        println!(
+            "{:<18} {:>8.1}   (handle {} B)",
+            kind.name(),
+            bytes_per_pending(kind),
+            kind.handle_size()
+        );
     }
     let early: u64 = rpc_rows.iter().chain(&burst_rows).map(|r| r.early).sum();
     println!("\nearly fires across all peers: {early}");

@@ -20,7 +20,7 @@ use sharded_timer::{ShardedTimer, TimerHandle};
 
 pub(crate) use heap::HeapTimer;
 pub(crate) use netty::NettyTimer;
-pub(crate) use tokio_timer::TokioTimer;
+pub(crate) use tokio_timer::{Form, TokioHandle, TokioTimer};
 
 /// Which peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,8 +29,10 @@ pub(crate) enum Kind {
     Sharded,
     /// sharded-timer with `pin_cores(false)`.
     ShardedUnpinned,
-    /// tokio's timer.
+    /// tokio's timer: a `tokio::time::sleep` per timer.
     Tokio,
+    /// tokio's timer: a `tokio::time::timeout` around a request per timer.
+    TokioTimeout,
     /// `Mutex<BinaryHeap>` with a timer thread.
     Heap,
     /// Netty-style single wheel with rounds.
@@ -53,8 +55,19 @@ impl Kind {
             Kind::Sharded => "sharded-timer",
             Kind::ShardedUnpinned => "sharded-unpinned",
             Kind::Tokio => "tokio",
+            Kind::TokioTimeout => "tokio-timeout",
             Kind::Heap => "heap",
             Kind::NettyStyle => "netty-style",
+        }
+    }
+
+    /// Bytes of the handle a caller keeps per timer: the peer's own handle type.
+    pub(crate) fn handle_size(self) -> usize {
+        match self {
+            Kind::Sharded | Kind::ShardedUnpinned => std::mem::size_of::<TimerHandle>(),
+            Kind::Tokio | Kind::TokioTimeout => std::mem::size_of::<TokioHandle>(),
+            Kind::Heap => std::mem::size_of::<Arc<once::OnceTask>>(),
+            Kind::NettyStyle => std::mem::size_of::<Arc<netty::Timeout>>(),
         }
     }
 
@@ -68,7 +81,8 @@ impl Kind {
                     .build()
                     .expect("sharded-timer starts"),
             ),
-            Kind::Tokio => Peer::Tokio(TokioTimer::new()),
+            Kind::Tokio => Peer::Tokio(TokioTimer::new(Form::Sleep)),
+            Kind::TokioTimeout => Peer::Tokio(TokioTimer::new(Form::Timeout)),
             Kind::Heap => Peer::Heap(HeapTimer::new()),
             Kind::NettyStyle => Peer::NettyStyle(NettyTimer::new()),
         }
@@ -86,7 +100,7 @@ pub(crate) enum Peer {
 /// A scheduled timer of some peer.
 pub(crate) enum Handle {
     Sharded(TimerHandle),
-    Tokio(tokio::task::JoinHandle<()>),
+    Tokio(TokioHandle),
     Heap(Arc<once::OnceTask>),
     NettyStyle(Arc<netty::Timeout>),
 }
@@ -102,7 +116,7 @@ impl Peer {
         }
     }
 
-    /// Cancels; true iff it was still pending (tokio: always true, abort is blind).
+    /// Cancels; true iff it was still pending (tokio: iff its future was still held).
     pub(crate) fn cancel(&self, handle: &Handle) -> bool {
         match (self, handle) {
             (Peer::Sharded(_), Handle::Sharded(h)) => h.cancel(),
