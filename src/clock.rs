@@ -1,7 +1,8 @@
 //! Conversion between `Instant`s and the service's ticks.
 //!
-//! A tick is a `u64` count of [`Builder::tick`](crate::Builder::tick) periods since the
-//! service's start `Instant`. Deadlines **round up** to a tick and "now" **rounds
+//! A tick is a `u64` count of [`Builder::tick`](crate::Builder::tick) periods since
+//! the process's clock origin (one `Instant` for every service, taken when the first
+//! service starts), so a handle converts its deadline with nothing but the tick length. Deadlines **round up** to a tick and "now" **rounds
 //! down**, so a timer due at tick `t` is never due before its `Instant`: that rule
 //! keeps "never early".
 
@@ -12,7 +13,15 @@ use std::time::{Duration, Instant};
 /// A far-future fallback for ticks whose `Instant` the platform cannot represent.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// The service's time base: its start `Instant` and its tick length.
+/// The clock origin shared by every service in the process: the `Instant` the first
+/// service started.
+pub(crate) fn origin() -> Instant {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+/// The service's time base: its start `Instant` (the process's [`origin`] for a
+/// service) and its tick length.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Clock {
     /// Tick 0.
@@ -27,6 +36,20 @@ impl Clock {
     pub(crate) fn new(start: Instant, tick: Duration) -> Self {
         let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
         Clock { start, tick_ns }
+    }
+
+    /// A clock at the process's [`origin`] whose ticks are `tick_ns` nanoseconds long
+    /// (a handle's, from [`tick_ns`](Self::tick_ns)).
+    pub(crate) fn at_origin(tick_ns: u64) -> Self {
+        Clock {
+            start: origin(),
+            tick_ns: tick_ns.max(1),
+        }
+    }
+
+    /// The tick length in nanoseconds.
+    pub(crate) fn tick_ns(&self) -> u64 {
+        self.tick_ns
     }
 
     /// The tick at which `deadline` is due: the first tick boundary at or after it.

@@ -1,5 +1,6 @@
-//! The timer entry: one heap allocation per timer holding its state word, reference
-//! count, id, deadline tick, its place in the shard's wheel, and the callback itself.
+//! The timer entry: one heap allocation per timer holding its state word (with the
+//! reference count), id, deadline tick, its place in the shard's wheel, and the
+//! callback itself: a 32-byte [`Header`], then the callback.
 //!
 //! The allocation is an `Entry<F>` whose first field is a type-erased [`Header`]; the
 //! rest of the crate sees only `NonNull<Header>` (as [`EntryRef`], which owns one
@@ -14,7 +15,7 @@
 //!
 //! # Ground rules
 //!
-//! 1. **References.** `refs` counts owners: each `TimerHandle`; one *service
+//! 1. **References.** The state word's count counts owners: each `TimerHandle`; one *service
 //!    reference* created by `schedule`, held in turn by the shard's insert ring, the
 //!    shard's wheel, and finally an executor task ([`FiredEntry`]) or an `Unfired`; and
 //!    one per message in a shard's message ring (the sender clones its own). The last
@@ -28,7 +29,7 @@
 //!    set; a cancel that wins then leaves the drop to the runner. If the last reference
 //!    goes while still Pending, nobody else can reach the cell and the destructor drops
 //!    the callback.
-//! 3. **Place.** `place` is read and written only by the shard thread, through
+//! 3. **Place.** `position` and `list` are read and written only by the shard thread, through
 //!    [`ShardStore`].
 //! 4. **Messages and the shard's lifetime.** An entry that is Cancelled with `FILED`
 //!    set at the winning CAS has exactly one cancel message; one with `MOVING` set has
@@ -44,8 +45,7 @@ use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
 use crate::id::{TimerId, TimerState};
-use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
-use crate::wheel::Place;
+use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
 mod message;
 mod repeat;
@@ -61,21 +61,13 @@ pub(crate) use state::{Finish, Fire};
 pub(crate) use store::{Aside, EntryPtr, ShardStore};
 pub use winner::{CancelledCallback, FiredEntry};
 
-/// References beyond this abort the process, as `Arc` does: the count must never wrap.
-const MAX_REFS: u32 = i32::MAX as u32;
-
 /// The type-erased part of every entry; always the first field of an `Entry<F>`.
+/// 32 bytes: the reference count shares the state word, the id is 48 bits, and the
+/// id's high half shares a word with the wheel place's list number.
 #[repr(C)]
 pub(crate) struct Header {
-    /// Pending / Fired / Cancelled and the flags; see `state.rs`.
-    state: StateWord,
-    /// Owners of this allocation (ground rule 1). Incremented Relaxed by a holder of a
-    /// reference, decremented AcqRel by each owner as it lets go.
-    refs: AtomicU32,
     /// Functions that know the callback's type.
     vtable: &'static Vtable,
-    /// The timer's id.
-    id: TimerId,
     /// The deadline, in ticks of the service's clock: the latest one asked for. Written
     /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
     /// (Release; its `finish_reset` CAS publishes it) and by a repeating timer's runner
@@ -83,8 +75,19 @@ pub(crate) struct Header {
     /// value is corrected later; Relaxed after its Acquire claim when deciding to fire)
     /// and by handles.
     deadline: AtomicU64,
-    /// Where the entry sits in its shard's wheel. Shard thread only (ground rule 3).
-    place: UnsafeCell<Place>,
+    /// Pending / Fired / Cancelled, the flags, and the owners of this allocation
+    /// (ground rule 1); see `state.rs`.
+    state: StateWord,
+    /// The low 32 bits of the timer's id.
+    id_low: u32,
+    /// Where the entry sits in its list of the shard's wheel: the position. Shard
+    /// thread only (ground rule 3).
+    position: UnsafeCell<u32>,
+    /// Which list of the shard's wheel holds the entry. Shard thread only (ground
+    /// rule 3).
+    list: UnsafeCell<u16>,
+    /// The high 16 bits of the timer's (48-bit) id.
+    id_high: u16,
     /// Under loom, reports the entry as leaked if it is never freed.
     #[cfg(loom)]
     track: loom::alloc::Track<()>,
@@ -218,14 +221,16 @@ impl EntryRef {
         vtable: &'static Vtable,
         callback: C,
     ) -> (EntryRef, EntryRef) {
+        let (id_low, id_high) = id.to_parts();
         let entry = Box::new(Entry {
             header: Header {
-                state: StateWord::new(),
-                refs: AtomicU32::new(2),
                 vtable,
-                id,
                 deadline: AtomicU64::new(deadline),
-                place: UnsafeCell::new(Place::default()),
+                state: StateWord::new(2),
+                id_low,
+                position: UnsafeCell::new(0),
+                list: UnsafeCell::new(0),
+                id_high,
                 #[cfg(loom)]
                 track: loom::alloc::Track::new(()),
             },
@@ -253,7 +258,8 @@ impl EntryRef {
 
     /// The timer's id.
     pub fn id(&self) -> TimerId {
-        self.header().id
+        let header = self.header();
+        TimerId::from_parts(header.id_low, header.id_high)
     }
 
     /// The deadline tick (the latest reset's, if any).
@@ -425,27 +431,18 @@ impl EntryRef {
 
 impl Clone for EntryRef {
     fn clone(&self) -> Self {
-        // ORDERING: Relaxed, as `Arc::clone`: a new reference is made from one we
-        // hold, so the allocation cannot be freed meanwhile; nothing is published.
-        let previous = self.header().refs.fetch_add(1, Ordering::Relaxed);
-        if previous > MAX_REFS {
-            std::process::abort();
-        }
+        self.header().state.add_ref();
         EntryRef(self.0)
     }
 }
 
 impl Drop for EntryRef {
     fn drop(&mut self) {
-        // ORDERING: AcqRel. Release: our uses of the entry happen-before the free by
-        // whoever drops last. Acquire (for the last owner): every other owner's uses
-        // happen-before our free. An AcqRel RMW instead of Release plus an Acquire
-        // fence, which loom models poorly.
-        if self.header().refs.fetch_sub(1, Ordering::AcqRel) != 1 {
+        let Some(last) = self.header().state.drop_ref() else {
             return;
-        }
+        };
         let dealloc = self.header().vtable.dealloc;
-        if self.header().state.load().state() == TimerState::Pending {
+        if last.state() == TimerState::Pending {
             // Free the allocation even if the callback's destructor panics.
             struct Free(NonNull<Header>, unsafe fn(NonNull<Header>));
             impl Drop for Free {
@@ -626,7 +623,8 @@ mod tests {
 
     #[test]
     #[cfg(not(loom))]
-    fn header_is_40_bytes() {
-        assert_eq!(core::mem::size_of::<super::Header>(), 40);
+    fn header_is_32_bytes_and_a_handle_is_32() {
+        assert_eq!(core::mem::size_of::<super::Header>(), 32);
+        assert_eq!(core::mem::size_of::<crate::TimerHandle>(), 32);
     }
 }

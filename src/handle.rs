@@ -39,11 +39,17 @@ pub struct TimerHandle {
     port: CancelPort<ShardShared>,
     /// The service's pending bound, freed by a winning cancel.
     limit: Option<Arc<PendingLimit>>,
-    /// The service's clock, to convert deadlines between ticks and instants.
-    clock: Clock,
+    /// The service's tick length in ns, to convert deadlines between ticks and
+    /// instants (every service's clock starts at the process's origin).
+    tick_ns: u64,
 }
 
 impl TimerHandle {
+    /// The service's clock, rebuilt from the tick length.
+    fn clock(&self) -> Clock {
+        Clock::at_origin(self.tick_ns)
+    }
+
     /// Wraps a new timer's handle reference.
     pub(crate) fn new(
         entry: EntryRef,
@@ -55,7 +61,7 @@ impl TimerHandle {
             entry,
             port: shard.port(),
             limit,
-            clock,
+            tick_ns: clock.tick_ns(),
         }
     }
 
@@ -105,7 +111,7 @@ impl TimerHandle {
     /// later than asked. For a delay too large to represent, a far-future instant; such
     /// a timer never fires.
     pub fn deadline(&self) -> Instant {
-        self.clock.tick_to_instant(self.entry.deadline())
+        self.clock().tick_to_instant(self.entry.deadline())
     }
 
     /// Moves the timer's deadline to `delay` from now. Returns `true` iff the timer was
@@ -143,7 +149,7 @@ impl TimerHandle {
     /// Never.
     pub fn reset(&self, delay: std::time::Duration) -> bool {
         let tick = match Instant::now().checked_add(delay) {
-            Some(deadline) => self.clock.instant_to_tick(deadline),
+            Some(deadline) => self.clock().instant_to_tick(deadline),
             None => u64::MAX,
         };
         self.entry.reset(tick, &self.port)
@@ -158,7 +164,7 @@ impl TimerHandle {
     /// Never.
     pub fn reset_at(&self, deadline: Instant) -> bool {
         self.entry
-            .reset(self.clock.instant_to_tick(deadline), &self.port)
+            .reset(self.clock().instant_to_tick(deadline), &self.port)
     }
 }
 

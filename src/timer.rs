@@ -182,7 +182,7 @@ impl Builder {
         if self.max_pending == Some(0) {
             return Err(BuildError::ZeroMaxPending);
         }
-        let clock = Clock::new(Instant::now(), self.tick);
+        let clock = Clock::new(crate::clock::origin(), self.tick);
         let limit = self
             .max_pending
             .map(|limit| Arc::new(PendingLimit::new(limit)));

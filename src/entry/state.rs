@@ -11,7 +11,11 @@
 //! | 5 | `MOVING`: a reset moved the deadline earlier and its move message is outstanding |
 //! | 6 | `RUNNING`: a repeating timer's callback is running on the executor (out of the wheel) |
 //! | 7 | `CLAIMING`: the shard is deciding to fire; resets wait, cancels may still win |
-//! | 8–31 | zero |
+//! | 8–31 | the entry's reference count (entry ground rule 1), in units of [`REF`] |
+//!
+//! The count shares the word so that the header stays 32 bytes. Every transition
+//! below computes its new word from the one it read (or is a `fetch_and`/`fetch_or` of
+//! flag bits), so a reference taken or dropped meanwhile only makes a CAS retry.
 //!
 //! # States
 //!
@@ -77,6 +81,11 @@ const MOVING: u32 = 1 << 5;
 const RUNNING: u32 = 1 << 6;
 /// Set while the shard decides whether a claimed entry is due.
 const CLAIMING: u32 = 1 << 7;
+/// One reference: the count lives in bits 8–31.
+const REF: u32 = 1 << 8;
+/// References beyond this abort the process, as `Arc` does: the count (24 bits) must
+/// never wrap into the flags.
+const MAX_REFS: u32 = 1 << 23;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -175,9 +184,31 @@ pub enum File {
 pub(crate) struct StateWord(AtomicU32);
 
 impl StateWord {
-    /// A pending, unfiled state.
-    pub(crate) fn new() -> Self {
-        StateWord(AtomicU32::new(PENDING))
+    /// A pending, unfiled state with `refs` references.
+    pub(crate) fn new(refs: u32) -> Self {
+        StateWord(AtomicU32::new(PENDING | (refs * REF)))
+    }
+
+    /// Takes one more reference; the caller holds one. Aborts the process if the
+    /// count would pass [`MAX_REFS`].
+    pub(crate) fn add_ref(&self) {
+        // ORDERING: Relaxed, as `Arc::clone`: a new reference is made from one we
+        // hold, so the allocation cannot be freed meanwhile; nothing is published.
+        let previous = self.0.fetch_add(REF, Ordering::Relaxed);
+        if previous / REF > MAX_REFS {
+            std::process::abort();
+        }
+    }
+
+    /// Lets one reference go; returns the word before if it was the last (the
+    /// caller then frees the entry: nobody else can change the word any more).
+    pub(crate) fn drop_ref(&self) -> Option<Snapshot> {
+        // ORDERING: AcqRel. Release: our uses of the entry happen-before the free by
+        // whoever drops last. Acquire (for the last owner): every other owner's uses
+        // happen-before our free. An AcqRel RMW instead of Release plus an Acquire
+        // fence, which loom models poorly.
+        let previous = self.0.fetch_sub(REF, Ordering::AcqRel);
+        (previous / REF == 1).then_some(Snapshot(previous))
     }
 
     /// The current state, for `TimerHandle::state`.
@@ -316,7 +347,7 @@ impl StateWord {
             // ORDERING: success AcqRel, as in `try_cancel`: the winner of Pending → Fired
             // takes the callback (Acquire: after its initialisation and any cancel that
             // lost); readers of Fired see what preceded it (Release). Failure Relaxed:
-            // we retry with the fresh value (only a cancel can change the word now).
+            // we retry with the fresh value (a cancel or a reference count changed it).
             match self
                 .0
                 .compare_exchange_weak(current, new, Ordering::AcqRel, Ordering::Relaxed)
@@ -465,8 +496,30 @@ mod tests {
     use crate::id::TimerState;
 
     #[test]
+    fn references_share_the_word_without_touching_the_state() {
+        let word = StateWord::new(2);
+        word.add_ref();
+        assert_eq!(
+            word.try_cancel(),
+            Cancel::Won {
+                filed: false,
+                running: false
+            }
+        );
+        assert_eq!(word.drop_ref(), None, "two references left");
+        assert!(matches!(
+            word.mark_filed(),
+            File::AlreadyCancelled { moving: false }
+        ));
+        assert_eq!(word.drop_ref(), None, "one reference left");
+        let last = word.drop_ref().expect("the last reference");
+        assert_eq!(last.state(), TimerState::Cancelled);
+        assert!(last.is_filed(), "the flags survive the count's changes");
+    }
+
+    #[test]
     fn cancel_then_fire_cancel_wins_once() {
-        let word = StateWord::new();
+        let word = StateWord::new(1);
         assert_eq!(
             word.try_cancel(),
             Cancel::Won {
@@ -482,7 +535,7 @@ mod tests {
 
     #[test]
     fn fire_then_cancel_fire_wins_once() {
-        let word = StateWord::new();
+        let word = StateWord::new(1);
         assert_eq!(word.mark_filed(), File::Filed);
         assert_eq!(word.try_fire(), Fire::Won);
         assert_eq!(word.try_fire(), Fire::Lost);
@@ -492,7 +545,7 @@ mod tests {
 
     #[test]
     fn filed_flag_reaches_the_canceller() {
-        let word = StateWord::new();
+        let word = StateWord::new(1);
         assert_eq!(word.mark_filed(), File::Filed);
         assert_eq!(
             word.try_cancel(),
@@ -506,7 +559,7 @@ mod tests {
 
     #[test]
     fn detached_entries_belong_to_their_unfired() {
-        let word = StateWord::new();
+        let word = StateWord::new(1);
         assert_eq!(word.mark_filed(), File::Filed);
         assert!(word.detach().is_filed());
         assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Pending));
@@ -517,7 +570,7 @@ mod tests {
                 running: false
             }
         );
-        let word = StateWord::new();
+        let word = StateWord::new(1);
         let _ = word.detach();
         assert_eq!(
             word.try_fire(),

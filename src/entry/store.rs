@@ -127,15 +127,23 @@ impl Store for ShardStore {
     }
 
     fn place(&self, entry: EntryPtr) -> Place {
-        // SAFETY: only the shard thread touches `place` (`ShardStore::new`'s second
-        // point), so this read races with no write.
-        self.header(entry).place.with(|place| unsafe { *place })
+        let header = self.header(entry);
+        // SAFETY: only the shard thread touches `position` and `list`
+        // (`ShardStore::new`'s second point), so these reads race with no write.
+        let position = header.position.with(|position| unsafe { *position });
+        // SAFETY: as above.
+        let list = header.list.with(|list| unsafe { *list });
+        Place { list, position }
     }
 
     fn set_place(&mut self, entry: EntryPtr, place: Place) {
-        // SAFETY: only the shard thread touches `place`, so this write is exclusive.
-        self.header(entry)
-            .place
-            .with_mut(|cell| unsafe { *cell = place });
+        let header = self.header(entry);
+        // SAFETY: only the shard thread touches `position` and `list`, so these
+        // writes are exclusive.
+        header
+            .position
+            .with_mut(|cell| unsafe { *cell = place.position });
+        // SAFETY: as above.
+        header.list.with_mut(|cell| unsafe { *cell = place.list });
     }
 }
