@@ -140,45 +140,31 @@ fn rpc(kind: Kind) -> Row {
     let start = Instant::now();
     // Handles of requests left to time out, kept until they fired: dropping a tokio
     // future cancels it, so every peer keeps them alike.
-    let kept: Vec<Vec<Handle>> = std::thread::scope(|scope| {
-        let producers: Vec<_> = (0..2)
-            .map(|producer| {
-                let (peer, abandoned) = (&peer, &abandoned);
-                scope.spawn(move || {
-                    let mut kept = Vec::new();
-                    peers::pin_producer(producer);
-                    let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
-                    let mut window: std::collections::VecDeque<Handle> = Default::default();
-                    let per = REQUESTS / 2;
-                    for index in producer * per..(producer + 1) * per {
-                        let deadline = Instant::now() + TIMEOUT;
-                        window.push_back(
-                            peer.schedule(TIMEOUT, move || slots.record(index, deadline)),
-                        );
-                        if window.len() > WINDOW {
-                            let handle = window.pop_front().unwrap();
-                            rng ^= rng << 13;
-                            rng ^= rng >> 7;
-                            rng ^= rng << 17;
-                            if rng % 100 < 97 {
-                                peer.cancel(&handle);
-                            } else {
-                                abandoned.fetch_add(1, Ordering::Relaxed);
-                                kept.push(handle);
-                            }
-                        }
-                    }
-                    for handle in window {
-                        peer.cancel(&handle);
-                    }
-                    kept
-                })
-            })
-            .collect();
-        producers
-            .into_iter()
-            .map(|p| p.join().expect("producer"))
-            .collect()
+    let kept: Vec<Vec<Handle>> = on_producers(2, |producer| {
+        let mut kept = Vec::new();
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
+        let mut window: std::collections::VecDeque<Handle> = Default::default();
+        let per = REQUESTS / 2;
+        for index in producer * per..(producer + 1) * per {
+            let deadline = Instant::now() + TIMEOUT;
+            window.push_back(peer.schedule(TIMEOUT, move || slots.record(index, deadline)));
+            if window.len() > WINDOW {
+                let handle = window.pop_front().unwrap();
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                if rng % 100 < 97 {
+                    peer.cancel(&handle);
+                } else {
+                    abandoned.fetch_add(1, Ordering::Relaxed);
+                    kept.push(handle);
+                }
+            }
+        }
+        for handle in window {
+            peer.cancel(&handle);
+        }
+        kept
     });
     let elapsed = start.elapsed();
     let expected = abandoned.load(Ordering::Relaxed);
@@ -199,23 +185,16 @@ fn rpc(kind: Kind) -> Row {
     )
 }
 
-fn burst(kind: Kind) -> Row {
-    let peer = kind.start();
-    let slots = Slots::leak(BURST);
-    let deadline = Instant::now() + Duration::from_millis(1_500);
-    // Handles are kept until the timers fired (dropping a tokio future cancels it).
-    let kept: Vec<Vec<Handle>> = std::thread::scope(|scope| {
-        let producers: Vec<_> = (0..2)
+/// Runs `work(producer)` on `count` producer threads at once, each pinned
+/// ([`peers::pin_producer`]), and returns what each returned, in producer order.
+fn on_producers<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let producers: Vec<_> = (0..count)
             .map(|producer| {
-                let peer = &peer;
+                let work = &work;
                 scope.spawn(move || {
                     peers::pin_producer(producer);
-                    let mut kept = Vec::with_capacity(BURST / 2 + 1);
-                    for index in (producer..BURST).step_by(2) {
-                        let delay = deadline.saturating_duration_since(Instant::now());
-                        kept.push(peer.schedule(delay, move || slots.record(index, deadline)));
-                    }
-                    kept
+                    work(producer)
                 })
             })
             .collect();
@@ -223,6 +202,21 @@ fn burst(kind: Kind) -> Row {
             .into_iter()
             .map(|p| p.join().expect("producer"))
             .collect()
+    })
+}
+
+fn burst(kind: Kind) -> Row {
+    let peer = kind.start();
+    let slots = Slots::leak(BURST);
+    let deadline = Instant::now() + Duration::from_millis(1_500);
+    // Handles are kept until the timers fired (dropping a tokio future cancels it).
+    let kept: Vec<Vec<Handle>> = on_producers(2, |producer| {
+        let mut kept = Vec::with_capacity(BURST / 2 + 1);
+        for index in (producer..BURST).step_by(2) {
+            let delay = deadline.saturating_duration_since(Instant::now());
+            kept.push(peer.schedule(delay, move || slots.record(index, deadline)));
+        }
+        kept
     });
     wait_for(|| fired_count(slots), BURST as u64, Duration::from_secs(60));
     let (histogram, fired) = slots.histogram();
