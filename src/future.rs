@@ -19,22 +19,8 @@ use crate::{ScheduleError, ShardedTimer, TimerHandle};
 /// The sleep's timer has not fired.
 const WAITING: u8 = 0;
 /// The sleep's timer fired: the deadline has passed.
-#[cfg_attr(
-    not(loom),
-    allow(
-        unreachable_pub,
-        reason = "`pub` so that `__loom` can re-export it to the models"
-    )
-)]
 pub const ELAPSED: u8 = 1;
 /// The service shut down before the deadline, or refused the timer.
-#[cfg_attr(
-    not(loom),
-    allow(
-        unreachable_pub,
-        reason = "`pub` so that `__loom` can re-export it to the models"
-    )
-)]
 pub const ABANDONED: u8 = 2;
 
 /// What a sleep's timer callback and its future share: the outcome and the waker.
@@ -44,13 +30,6 @@ pub const ABANDONED: u8 = 2;
 /// outcome; `finish` CASes the outcome and then takes the waker under the same mutex.
 /// Either the poller's re-read sees the outcome, or `finish`'s take comes after the
 /// store and wakes the stored waker — a wake-up cannot be lost.
-#[cfg_attr(
-    not(loom),
-    allow(
-        unreachable_pub,
-        reason = "`pub` so that `__loom` can re-export it to the models"
-    )
-)]
 #[derive(Debug, Default)]
 pub struct Shared {
     /// `WAITING`, `ELAPSED` or `ABANDONED`; written once by the callback or its drop.
@@ -59,13 +38,6 @@ pub struct Shared {
     waker: Mutex<Option<Waker>>,
 }
 
-#[cfg_attr(
-    not(loom),
-    allow(
-        unreachable_pub,
-        reason = "`pub` so that `__loom` can re-export it to the models"
-    )
-)]
 impl Shared {
     /// A sleep not yet finished, with no waker.
     pub fn new() -> Shared {
@@ -100,13 +72,6 @@ impl Shared {
     }
 }
 
-#[cfg_attr(
-    not(loom),
-    allow(
-        unreachable_pub,
-        reason = "`pub` so that `__loom` can re-export it to the models"
-    )
-)]
 impl Shared {
     /// `Ready` once the sleep has an outcome; otherwise stores `cx`'s waker for
     /// `finish` to wake and returns `Pending`.

@@ -131,6 +131,13 @@ mod error;
     )
 )]
 mod executor;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod future;
 mod handle;
 mod id;
