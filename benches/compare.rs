@@ -28,7 +28,7 @@
 
 #![allow(missing_docs, reason = "a bench binary")]
 
-#[path = "../src/bin/sharded-timer/alloc.rs"]
+#[path = "../driver/src/alloc.rs"]
 #[allow(dead_code, reason = "shared with the driver, which uses all of it")]
 mod alloc;
 mod peers;

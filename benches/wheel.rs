@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sharded_timer::wheel::TimingWheel;
 
-#[path = "../src/bin/sharded-timer/alloc.rs"]
+#[path = "../driver/src/alloc.rs"]
 mod alloc;
 
 #[global_allocator]

@@ -74,6 +74,12 @@ impl Clock {
         }
     }
 
+    /// Nanoseconds from tick 0 to `now`, saturating (0 before the start, `u64::MAX`
+    /// past 584 years).
+    pub(crate) fn ns_of(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
+    }
+
     /// The current tick, rounded down.
     pub(crate) fn now_tick(&self) -> u64 {
         self.tick_of(Instant::now())

@@ -162,7 +162,7 @@ impl<T: Task> Executor<T> {
         let mut handles = Vec::with_capacity(threads);
         for (index, local) in workers.into_iter().enumerate() {
             let shared = executor.shared.clone();
-            let thread_name = format!("{name}-worker-{index}");
+            let thread_name = crate::timer::thread_name(name, 'w', index);
             match thread::Builder::new()
                 .name(thread_name.clone())
                 .spawn(move || worker_loop(&shared, index, &local))

@@ -165,6 +165,7 @@ mod ring;
     )
 )]
 mod shard;
+mod stats;
 mod sync;
 mod timer;
 pub mod wheel;
@@ -195,4 +196,5 @@ pub mod __loom {
 }
 pub use handle::{TimerHandle, Unfired};
 pub use id::{TimerId, TimerState};
-pub use timer::{Builder, ShardedTimer, Stats};
+pub use stats::{LatenessHistogram, ShardLoad, Stats};
+pub use timer::{Builder, ShardedTimer};

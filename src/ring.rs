@@ -291,6 +291,16 @@ impl<T> Ring<T> {
         (self.tail.load(Ordering::Relaxed) >> POSITION_SHIFT) != cursor.head
     }
 
+    /// How many positions have been reserved beyond the first `taken` (the count the
+    /// consumer has popped, kept by it): values waiting, or about to be published. A
+    /// statistic: the tail may move at any moment.
+    pub fn reserved_since(&self, taken: u64) -> u64 {
+        // ORDERING: Relaxed: a statistic; no value is read through it.
+        let reserved = (self.tail.load(Ordering::Relaxed) >> POSITION_SHIFT) as u64;
+        // Positions wrap at 2^63 (one bit holds CLOSED).
+        reserved.wrapping_sub(taken) & (u64::MAX >> POSITION_SHIFT)
+    }
+
     /// After [`close`](Ring::close) returned `reserved`, pops every value reserved
     /// before the close, waiting for producers that reserved but have not yet written.
     pub fn drain_closed(&self, cursor: &mut Cursor, reserved: usize, each: &mut impl FnMut(T)) {

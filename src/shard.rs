@@ -51,6 +51,7 @@ use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, Runnin
 use crate::executor::{Executor, Task};
 use crate::limit::PendingLimit;
 use crate::ring::{Cursor, Reserve, Ring};
+use crate::stats::{LatenessHistogram, LatenessRecorder};
 use crate::sync::{
     fence, thread, Arc, AtomicBool, AtomicU64, Backoff, CachePadded, Canary, Mutex, Ordering,
     ThreadSlot,
@@ -129,6 +130,27 @@ pub struct ShardStats {
     pub fired: AtomicU64,
     /// Cancelled timers the shard has discarded or unlinked.
     pub cancelled: AtomicU64,
+    /// Lateness of the timers this shard fired.
+    pub(crate) lateness: LatenessRecorder,
+}
+
+/// One shard's counters as read by [`ShardShared::load`].
+#[derive(Debug)]
+pub(crate) struct Load {
+    /// Taken from the insert ring.
+    pub(crate) scheduled: u64,
+    /// Fired (and runs started).
+    pub(crate) fired: u64,
+    /// Cancelled and processed.
+    pub(crate) cancelled: u64,
+    /// Runs of repeating timers skipped.
+    pub(crate) skipped: u64,
+    /// Waiting in the insert ring.
+    pub(crate) in_ring: u64,
+    /// Pushes that found a ring full.
+    pub(crate) ring_full_waits: u64,
+    /// Lateness of fired timers.
+    pub(crate) lateness: LatenessHistogram,
 }
 
 impl ShardStats {
@@ -172,6 +194,10 @@ pub struct ShardShared {
     /// Runs of repeating timers skipped because they fell a whole period behind;
     /// written by executor threads (Relaxed `fetch_add`), exact at quiescence.
     pub(crate) skipped: AtomicU64,
+    /// Pushes into either ring that found it full and waited; written by producers on
+    /// that slow path only. A plain `std` atomic, also under loom: a statistic in no
+    /// protocol.
+    ring_full_waits: std::sync::atomic::AtomicU64,
     /// Repeating timers whose next run could not be filed because the shard had shut
     /// down.
     late: Mutex<Late>,
@@ -215,6 +241,7 @@ impl ShardShared {
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
             skipped: AtomicU64::new(0),
+            ring_full_waits: std::sync::atomic::AtomicU64::new(0),
             late: Mutex::new(Late::default()),
             canary: Canary::new(),
         });
@@ -235,6 +262,27 @@ impl ShardShared {
         // thread) until `ShardCore::shut_down` has received every message entry ground
         // rule 4 makes it wait for, and `CancelPort` sends only such messages.
         unsafe { CancelPort::new(self) }
+    }
+
+    /// This shard's counters as they stand (exact at quiescence); wakes nothing.
+    pub(crate) fn load(&self) -> Load {
+        // ORDERING: Relaxed throughout: statistics, exact at quiescence.
+        let scheduled = self.stats.scheduled.load(Ordering::Relaxed);
+        Load {
+            scheduled,
+            // ORDERING: as above.
+            fired: self.stats.fired.load(Ordering::Relaxed),
+            // ORDERING: as above.
+            cancelled: self.stats.cancelled.load(Ordering::Relaxed),
+            // ORDERING: as above.
+            skipped: self.skipped.load(Ordering::Relaxed),
+            in_ring: self.insert.reserved_since(scheduled),
+            // ORDERING: as above.
+            ring_full_waits: self
+                .ring_full_waits
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lateness: self.stats.lateness.snapshot(),
+        }
     }
 
     /// The store half of the park handshake (ground rules): publishes that the shard
@@ -288,6 +336,7 @@ impl ShardShared {
     /// The value comes back if the ring is closed.
     fn push_and_wake<T>(&self, ring: &Ring<T>, value: T, wake: Wake) -> Result<(), T> {
         let backoff = Backoff::new();
+        let mut waited = false;
         loop {
             match ring.reserve() {
                 Ok(reservation) => {
@@ -318,6 +367,12 @@ impl ShardShared {
                     return Ok(());
                 }
                 Err(Reserve::Full) => {
+                    if !waited {
+                        waited = true;
+                        // ORDERING: Relaxed: a statistic, on the slow path only.
+                        self.ring_full_waits
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     self.canary.touch();
                     self.thread.unpark();
                     backoff.snooze();
@@ -448,9 +503,15 @@ impl ShardThread {
         loop {
             self.core.drain_inserts();
             self.core.drain_messages();
-            let now = self.clock.now_tick();
+            let now_instant = Instant::now();
+            let now = self.clock.tick_of(now_instant);
             let (executor, clock) = (&self.executor, self.clock);
+            // Lateness: this pass's clock reading less the start of each timer's tick.
+            let now_ns = clock.ns_of(now_instant);
+            let lateness = &shared.stats.lateness;
             self.core.expire(now, &mut |expired| {
+                let due_ns = expired.deadline().saturating_mul(clock.tick_ns());
+                lateness.record(now_ns.saturating_sub(due_ns));
                 let task = match expired {
                     Expired::Fired(task) => ShardTask::Fired(task),
                     Expired::Run(running) => ShardTask::Run(RunTask {

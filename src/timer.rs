@@ -14,37 +14,28 @@ use crate::handle::{TimerHandle, Unfired};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
 use crate::shard::{ShardShared, ShardTask, ShardThread};
+use crate::stats::{LatenessHistogram, ShardLoad, Stats};
 use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
+
+/// Bytes of a thread name that Linux keeps (`TASK_COMM_LEN`, 16, less the NUL).
+const THREAD_NAME_BYTES: usize = 15;
+
+/// The name of thread `index` of a service's `role` (`s` for shards, `w` for executor
+/// workers): `{prefix}-{role}{index}`, the prefix cut at a character boundary so that
+/// the whole name fits in [`THREAD_NAME_BYTES`].
+pub(crate) fn thread_name(prefix: &str, role: char, index: usize) -> String {
+    let suffix = format!("-{role}{index}");
+    let mut end = prefix
+        .len()
+        .min(THREAD_NAME_BYTES.saturating_sub(suffix.len()));
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &prefix[..end])
+}
 
 /// Default slots per ring.
 const DEFAULT_RING_CAPACITY: usize = 4096;
-
-/// A snapshot of the service's counters.
-///
-/// Each shard counts what it has processed, so the counters are cheap (no shared
-/// counter on the hot path) and exact at quiescence: once every timer has fired or
-/// been cancelled and the shards have caught up,
-/// `scheduled == fired + cancelled + pending`. A timer still in a shard's insert ring
-/// is counted once the shard takes it in: at once if its deadline is earlier than
-/// anything the shard holds, otherwise when the shard next wakes, which `stats()`
-/// itself prompts (it unparks every shard), so counts catch up within one shard loop.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Timers the shards hold that have neither fired nor been cancelled
-    /// (`scheduled - fired - cancelled`).
-    pub pending: u64,
-    /// Timers the shards have taken in.
-    pub scheduled: u64,
-    /// Timers whose callbacks were handed to the executor.
-    pub fired: u64,
-    /// Cancelled timers the shards have processed.
-    pub cancelled: u64,
-    /// Callbacks that panicked (caught; the executor lives on).
-    pub panicked: u64,
-    /// Runs of repeating timers skipped because they fell a whole period behind.
-    pub skipped: u64,
-}
 
 /// Configuration of a [`ShardedTimer`]; see each method for its default.
 ///
@@ -89,7 +80,7 @@ impl Default for Builder {
             pin_cores: true,
             max_pending: None,
             ring_capacity: DEFAULT_RING_CAPACITY,
-            thread_name: "sharded-timer".to_owned(),
+            thread_name: "timer".to_owned(),
         }
     }
 }
@@ -146,8 +137,11 @@ impl Builder {
         self
     }
 
-    /// Prefix of the service's thread names (`{name}-shard-{k}`,
-    /// `{name}-worker-{k}`). Default: `sharded-timer`.
+    /// Prefix of the service's thread names: shard `k` is `{name}-s{k}` and executor
+    /// worker `k` is `{name}-w{k}`. Linux keeps 15 bytes of a thread's name (what `top`,
+    /// `perf` and `/proc/*/task/*/comm` show), so the prefix is cut (at a character
+    /// boundary) to make each whole name fit in 15 bytes: `-s{k}` always survives.
+    /// Default: `timer`.
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
         self.thread_name = name.into();
         self
@@ -206,7 +200,7 @@ impl Builder {
                 limit.clone(),
             );
             let pin_to = (cores.len() >= shards).then(|| cores[index]);
-            let name = format!("{}-shard-{index}", self.thread_name);
+            let name = thread_name(&self.thread_name, 's', index);
             match thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || shard_thread.run(pin_to))
@@ -234,6 +228,8 @@ impl Builder {
         }
         Ok(ShardedTimer {
             inner: Arc::new(Inner {
+                #[cfg(feature = "metrics")]
+                exported: std::sync::Mutex::default(),
                 shards: shared.into_boxed_slice(),
                 clock,
                 limit,
@@ -301,6 +297,10 @@ struct Inner {
     threads: Mutex<Option<Threads>>,
     /// The configured tick, for `Debug`.
     tick: Duration,
+    /// The lateness histogram as last exported, so the next export records only what
+    /// came since (`std`'s mutex: taken only by `record_metrics`, never under loom).
+    #[cfg(feature = "metrics")]
+    exported: std::sync::Mutex<LatenessHistogram>,
 }
 
 impl Inner {
@@ -596,31 +596,99 @@ impl ShardedTimer {
             .unwrap_or_else(|| self.inner.clock.tick_to_instant(u64::MAX))
     }
 
-    /// A snapshot of the counters, summed over the shards and workers. Cheap: no
-    /// lock; it also wakes each shard so that timers waiting in its rings are counted
-    /// by the next call (see [`Stats`]).
+    /// A snapshot of the counters, summed over the shards and workers, with each
+    /// shard's load and the lateness of fired timers. Cheap: no lock, nothing on the
+    /// hot path; it also wakes each shard so that timers waiting in its rings are
+    /// counted by the next call (see [`Stats`]).
     pub fn stats(&self) -> Stats {
-        let mut stats = Stats::default();
         for shard in self.inner.shards.iter() {
             shard.nudge();
-            // ORDERING: Relaxed: statistics, exact at quiescence.
-            stats.scheduled += shard.stats.scheduled.load(Ordering::Relaxed);
-            // ORDERING: as above.
-            stats.fired += shard.stats.fired.load(Ordering::Relaxed);
-            // ORDERING: as above.
-            stats.cancelled += shard.stats.cancelled.load(Ordering::Relaxed);
+        }
+        self.counters()
+    }
+
+    /// Publishes [`stats`](Self::stats) through the [`metrics`](https://docs.rs/metrics)
+    /// facade, to whatever recorder the application installed (Prometheus, StatsD…);
+    /// call it periodically, e.g. once a second. Feature `metrics`.
+    ///
+    /// - counters (absolute): `sharded_timer_scheduled`, `sharded_timer_fired`,
+    ///   `sharded_timer_cancelled`, `sharded_timer_panicked`, `sharded_timer_skipped`,
+    ///   `sharded_timer_ring_full_waits`;
+    /// - gauges: `sharded_timer_pending`, `sharded_timer_in_rings`, and
+    ///   `sharded_timer_shard_pending` with label `shard` = its index;
+    /// - histogram `sharded_timer_lateness_seconds`: the timers fired since the
+    ///   previous call, each recorded at the upper bound of its
+    ///   [`LatenessHistogram`] bucket.
+    ///
+    /// Services in one process are told apart by the recorder's global labels, or by
+    /// calling this from a scope with a recorder of their own.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # let timer = sharded_timer::ShardedTimer::builder().shards(1).build()?;
+    /// // With a recorder installed (metrics_exporter_prometheus, …), once a second:
+    /// timer.record_metrics();
+    /// # Ok::<(), sharded_timer::BuildError>(())
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn record_metrics(&self) {
+        let stats = self.stats();
+        let counters = [
+            ("sharded_timer_scheduled", stats.scheduled),
+            ("sharded_timer_fired", stats.fired),
+            ("sharded_timer_cancelled", stats.cancelled),
+            ("sharded_timer_panicked", stats.panicked),
+            ("sharded_timer_skipped", stats.skipped),
+            ("sharded_timer_ring_full_waits", stats.ring_full_waits),
+        ];
+        for (name, value) in counters {
+            metrics::counter!(name).absolute(value);
+        }
+        metrics::gauge!("sharded_timer_pending").set(stats.pending as f64);
+        metrics::gauge!("sharded_timer_in_rings").set(stats.in_rings as f64);
+        for (index, shard) in stats.shards.iter().enumerate() {
+            metrics::gauge!("sharded_timer_shard_pending", "shard" => index.to_string())
+                .set(shard.pending as f64);
+        }
+        let mut exported = self
+            .inner
+            .exported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let lateness = metrics::histogram!("sharded_timer_lateness_seconds");
+        for (upper, count) in stats.lateness.buckets_since(&exported) {
+            lateness.record_many(upper.as_secs_f64(), count as usize);
+        }
+        *exported = stats.lateness;
+    }
+
+    /// The counters as they stand, waking nothing (for `Debug`).
+    fn counters(&self) -> Stats {
+        let mut stats = Stats::default();
+        let mut lateness = LatenessHistogram::default();
+        for shard in self.inner.shards.iter() {
+            let load = shard.load();
+            stats.scheduled += load.scheduled;
+            stats.fired += load.fired;
+            stats.cancelled += load.cancelled;
+            stats.in_rings += load.in_ring;
+            stats.ring_full_waits += load.ring_full_waits;
+            stats.skipped += load.skipped;
+            lateness.merge(&load.lateness);
+            stats.shards.push(ShardLoad {
+                pending: load.scheduled.saturating_sub(load.fired + load.cancelled),
+                in_ring: load.in_ring,
+                fired: load.fired,
+                ring_full_waits: load.ring_full_waits,
+                lateness: load.lateness,
+            });
         }
         stats.pending = stats
             .scheduled
             .saturating_sub(stats.fired + stats.cancelled);
         stats.panicked = self.inner.executor.panicked();
-        stats.skipped = self
-            .inner
-            .shards
-            .iter()
-            // ORDERING: Relaxed: a statistic, exact at quiescence.
-            .map(|shard| shard.skipped.load(Ordering::Relaxed))
-            .sum();
+        stats.lateness = lateness;
         stats
     }
 
@@ -661,7 +729,31 @@ impl fmt::Debug for ShardedTimer {
             )
             // ORDERING: Relaxed: a diagnostic.
             .field("stopped", &self.inner.stopped.load(Ordering::Relaxed))
-            .field("stats", &self.stats())
+            .field("stats", &self.counters())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_name;
+
+    #[test]
+    fn thread_names_fit_in_fifteen_bytes_and_keep_their_role_and_index() {
+        assert_eq!(thread_name("timer", 's', 0), "timer-s0");
+        assert_eq!(thread_name("timer", 'w', 15), "timer-w15");
+        // The prefix is cut, never the role and index.
+        assert_eq!(thread_name("request-timeouts", 's', 3), "request-time-s3");
+        assert_eq!(thread_name("request-timeouts", 'w', 127), "request-ti-w127");
+        // At a character boundary: "é" is two bytes and would straddle byte 12.
+        assert_eq!(thread_name("aaaaaaaaaaaé", 's', 1), "aaaaaaaaaaa-s1");
+        assert_eq!(thread_name("", 's', 1), "-s1");
+        for index in [0, 9, 10, 99, 100, 9_999, usize::MAX] {
+            for prefix in ["", "t", "sharded-timer", "ééééééééééééééé"] {
+                let name = thread_name(prefix, 'w', index);
+                assert!(name.len() <= 15 || index == usize::MAX, "{name}");
+                assert!(name.ends_with(&format!("-w{index}")), "{name}");
+            }
+        }
     }
 }

@@ -11,8 +11,8 @@ use support::{small_timer, thread_count, wait_until, WAIT};
 /// Both tests look at this process's threads, so they must not overlap.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-/// Thread ids of this process named like a test service's threads (`test-shard-k`,
-/// `test-worker-k`). The harness's own threads come and go and are not counted.
+/// Thread ids of this process named like a test service's threads (`test-s{k}`,
+/// `test-w{k}`). The harness's own threads come and go and are not counted.
 fn service_threads() -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
         .map(|dir| {
@@ -92,4 +92,71 @@ fn an_idle_service_makes_no_wakeups() {
         .map(|t| context_switches(t).unwrap())
         .collect();
     assert_eq!(first, second, "an idle service's threads woke up");
+}
+
+#[test]
+fn threads_are_named_prefix_s_k_and_prefix_w_k_in_fifteen_bytes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if thread_count().is_none() {
+        eprintln!("skipped: /proc/self/task is not available on this platform");
+        return;
+    }
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(2)
+        .executor_threads(2)
+        .pin_cores(false)
+        .thread_name("request-timeouts")
+        .build()
+        .unwrap();
+    let names = || {
+        let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+            .map(|comm| comm.trim_end().to_owned())
+            .filter(|comm| comm.starts_with("request-"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(wait_until(WAIT, || names().len() == 4), "{:?}", names());
+    // The kernel would cut a longer name: these are whole, so they were at most 15.
+    assert_eq!(
+        names(),
+        [
+            "request-time-s0",
+            "request-time-s1",
+            "request-time-w0",
+            "request-time-w1"
+        ]
+    );
+    drop(timer);
+}
+
+#[test]
+fn formatting_a_service_with_debug_wakes_no_thread() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if thread_count().is_none() {
+        eprintln!("skipped: /proc/self/task is not available on this platform");
+        return;
+    }
+    let timer = small_timer();
+    let _far = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(wait_until(WAIT, || service_threads().len() == 4));
+    let threads = service_threads();
+    let switches = || -> Vec<u64> {
+        threads
+            .iter()
+            .map(|t| context_switches(t).unwrap())
+            .collect()
+    };
+    let before = switches();
+    let mut shown = String::new();
+    for _ in 0..100 {
+        shown = format!("{timer:?}");
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(before, switches(), "Debug woke the service's threads");
+    assert!(shown.contains("shards: 2"), "{shown}");
 }

@@ -147,6 +147,11 @@ impl RunningEntry {
             .expect("running entry invariant: not yet finished")
     }
 
+    /// The tick this run was due at.
+    pub fn deadline(&self) -> u64 {
+        self.entry().deadline()
+    }
+
     /// Runs the callback once, in place. Call [`finish`](Self::finish) either way.
     ///
     /// # Panics

@@ -21,6 +21,11 @@ impl FiredEntry {
         }
     }
 
+    /// The tick it was due at.
+    pub fn deadline(&self) -> u64 {
+        self.entry.deadline()
+    }
+
     /// Runs the callback on this thread. A panic propagates; the reference is released
     /// either way.
     pub fn run(mut self) {

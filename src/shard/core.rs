@@ -64,6 +64,16 @@ pub enum Expired {
     Run(RunningEntry),
 }
 
+impl Expired {
+    /// The tick the timer (or this run) was due at.
+    pub fn deadline(&self) -> u64 {
+        match self {
+            Expired::Fired(task) => task.deadline(),
+            Expired::Run(running) => running.deadline(),
+        }
+    }
+}
+
 /// One shard's wheel and the bookkeeping around it; see the module's ground rules.
 #[derive(Debug)]
 pub struct ShardCore {

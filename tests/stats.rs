@@ -1,0 +1,149 @@
+//! What an operator reads from `stats()`: lateness of fired timers, timers waiting in
+//! rings, rings found full, each shard's load.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sharded_timer::ShardedTimer;
+use support::{small_timer, wait_until, WAIT};
+
+/// Lateness a test accepts from a slow, shared CI machine: the deadline is strict,
+/// this is not.
+const LATE_BOUND: Duration = Duration::from_secs(5);
+
+#[test]
+fn lateness_counts_every_fired_timer_and_bounds_the_real_lateness() {
+    let timer = small_timer();
+    // The real lateness of each callback, measured by the callback itself.
+    let worst_ns = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    for i in 0..1_000u64 {
+        let deadline = start + Duration::from_millis(5 + i % 20);
+        let worst_ns = worst_ns.clone();
+        timer
+            .schedule_at(deadline, move || {
+                let late = Instant::now().duration_since(deadline).as_nanos() as u64;
+                worst_ns.fetch_max(late, Ordering::Relaxed);
+            })
+            .unwrap();
+    }
+    assert!(wait_until(WAIT, || timer.stats().fired == 1_000));
+    let stats = timer.stats();
+    assert_eq!(stats.lateness.count(), 1_000);
+    assert_eq!(stats.shards.len(), 2);
+    assert_eq!(
+        stats.shards.iter().map(|s| s.lateness.count()).sum::<u64>(),
+        1_000
+    );
+    assert_eq!(stats.shards.iter().map(|s| s.fired).sum::<u64>(), 1_000);
+    let (p50, p99, max) = (
+        stats.lateness.p50(),
+        stats.lateness.p99(),
+        stats.lateness.max(),
+    );
+    assert!(p50 <= p99 && p99 <= max, "{:?}", stats.lateness);
+    assert!(max < LATE_BOUND, "{:?}", stats.lateness);
+    // The shard fires before the callback runs, and measures from the deadline's
+    // tick, which is not before the deadline: its figure cannot exceed the
+    // callback's own.
+    assert!(
+        max.as_nanos() as u64 <= worst_ns.load(Ordering::Relaxed),
+        "shard says {max:?}, callbacks saw {} ns",
+        worst_ns.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn each_shard_reports_its_pending_timers() {
+    let timer = small_timer();
+    let handles: Vec<_> = (0..1_000)
+        .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
+        .collect();
+    assert!(wait_until(WAIT, || timer.stats().scheduled == 1_000));
+    let stats = timer.stats();
+    assert_eq!(stats.pending, 1_000);
+    assert_eq!(stats.in_rings, 0);
+    assert_eq!(stats.shards.iter().map(|s| s.pending).sum::<u64>(), 1_000);
+    // Ids hash evenly: each of 2 shards holds some (all on one: chance 2^-999).
+    assert!(stats.shards.iter().all(|s| s.pending > 0), "{stats:?}");
+    for handle in &handles[..400] {
+        assert!(handle.cancel());
+    }
+    assert!(wait_until(WAIT, || timer.stats().pending == 600));
+    assert_eq!(
+        timer.stats().shards.iter().map(|s| s.pending).sum::<u64>(),
+        600
+    );
+}
+
+/// The `in_rings` figure of the `Debug` output, which reads the counters without
+/// waking a shard (as `stats()` does).
+fn in_rings_shown(timer: &ShardedTimer) -> (u64, u64) {
+    let shown = format!("{timer:?}");
+    let field = |name: &str| -> u64 {
+        let at = shown.find(&format!(" {name}: ")).expect(name) + name.len() + 3;
+        let digits: String = shown[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    (field("in_rings"), field("scheduled"))
+}
+
+#[test]
+fn timers_a_sleeping_shard_has_not_taken_in_show_as_in_rings() {
+    let timer = ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .pin_cores(false)
+        .thread_name("test")
+        .build()
+        .unwrap();
+    // The shard takes this one in at once (its deadline is the earliest) and sleeps
+    // until it, 60 s away.
+    let _first = timer.schedule(Duration::from_secs(60), || {}).unwrap();
+    assert!(wait_until(WAIT, || in_rings_shown(&timer) == (0, 1)));
+    // Let it reach its park; these three are later still, so nobody wakes it.
+    std::thread::sleep(Duration::from_millis(100));
+    let _later: Vec<_> = (0..3)
+        .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
+        .collect();
+    let (in_rings, scheduled) = in_rings_shown(&timer);
+    assert_eq!(in_rings + scheduled, 4, "every timer is counted once");
+    assert_eq!(in_rings, 3, "the sleeping shard has not taken them in");
+    // `stats()` wakes the shard, which takes them in.
+    assert!(wait_until(WAIT, || {
+        let stats = timer.stats();
+        stats.in_rings == 0 && stats.scheduled == 4
+    }));
+}
+
+#[test]
+fn a_producer_that_finds_a_ring_full_is_counted_and_loses_nothing() {
+    let timer = ShardedTimer::builder()
+        .shards(1)
+        .executor_threads(1)
+        .ring_capacity(2)
+        .pin_cores(false)
+        .thread_name("test")
+        .build()
+        .unwrap();
+    // 20,000 pushes into a 2-slot ring: the shard must wake and drain every second
+    // push, so some find it full (a wake-up takes microseconds, a push nanoseconds).
+    let handles: Vec<_> = (0..20_000)
+        .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
+        .collect();
+    assert!(wait_until(WAIT, || timer.stats().scheduled == 20_000));
+    let stats = timer.stats();
+    assert!(stats.ring_full_waits > 0, "{stats:?}");
+    assert!(stats.ring_full_waits <= 20_000, "counted once per push");
+    assert_eq!(stats.shards[0].ring_full_waits, stats.ring_full_waits);
+    assert_eq!(stats.pending, 20_000);
+    assert_eq!(stats.in_rings, 0);
+    drop(handles);
+    assert_eq!(timer.shutdown().len(), 20_000);
+}
