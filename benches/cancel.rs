@@ -16,6 +16,7 @@
     reason = "criterion_group! and criterion_main! generate undocumented items"
 )]
 
+mod harness;
 mod peers;
 
 use std::hint::black_box;
@@ -24,7 +25,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use peers::spread_delay;
 
 fn schedule_cancel(c: &mut Criterion) {
-    peers::sweep(c, "schedule_cancel", |peer, i| {
+    harness::sweep(c, "schedule_cancel", |peer, i| {
         let handle = peer.schedule(spread_delay(i), || {});
         black_box(peer.cancel(&handle));
     });
@@ -32,7 +33,7 @@ fn schedule_cancel(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = peers::criterion_config();
+    config = harness::criterion_config();
     targets = schedule_cancel
 }
 criterion_main!(benches);

@@ -15,6 +15,7 @@
     reason = "criterion_group! and criterion_main! generate undocumented items"
 )]
 
+mod harness;
 mod peers;
 
 use std::sync::Mutex;
@@ -78,7 +79,7 @@ fn rearm(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = peers::criterion_config();
+    config = harness::criterion_config();
     targets = rearm
 }
 criterion_main!(benches);

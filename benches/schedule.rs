@@ -14,6 +14,7 @@
     reason = "criterion_group! and criterion_main! generate undocumented items"
 )]
 
+mod harness;
 mod peers;
 
 use std::hint::black_box;
@@ -22,14 +23,14 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use peers::spread_delay;
 
 fn schedule(c: &mut Criterion) {
-    peers::sweep(c, "schedule", |peer, i| {
+    harness::sweep(c, "schedule", |peer, i| {
         black_box(peer.schedule(spread_delay(i), || {}));
     });
 }
 
 criterion_group! {
     name = benches;
-    config = peers::criterion_config();
+    config = harness::criterion_config();
     targets = schedule
 }
 criterion_main!(benches);

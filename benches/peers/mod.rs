@@ -162,44 +162,6 @@ pub(crate) fn pin_producer(index: usize) {
     }
 }
 
-/// Timers pending before a sweep's measurements: 1e3, 1e6, 1e7.
-const SIZES: [usize; 3] = [1_000, 1_000_000, 10_000_000];
-/// Producer threads in a sweep: 1, 2, 4.
-const THREADS: [usize; 3] = [1, 2, 4];
-
-/// Benchmarks `op` (given the peer and a per-call index) in group `name` for every
-/// peer, with each of [`SIZES`] timers already pending, on each of [`THREADS`]
-/// threads; the pending timers are filled outside the timing.
-pub(crate) fn sweep(c: &mut criterion::Criterion, name: &str, op: impl Fn(&Peer, u64) + Sync) {
-    let mut group = c.benchmark_group(name);
-    group.throughput(criterion::Throughput::Elements(1));
-    for pending in SIZES {
-        for kind in Kind::ALL {
-            let peer = kind.start();
-            let resident = fill(&peer, pending, 2);
-            for threads in THREADS {
-                let id =
-                    criterion::BenchmarkId::new(format!("{}/{threads}t", kind.name()), pending);
-                group.bench_function(id, |b| {
-                    b.iter_custom(|iters| on_threads(threads, iters, |i| op(&peer, i)));
-                });
-            }
-            drop(resident);
-            drop(peer);
-        }
-    }
-    group.finish();
-}
-
-/// The criterion settings the comparing benches share: short, since each group has
-/// many peers and sizes; medians over 10 samples.
-pub(crate) fn criterion_config() -> criterion::Criterion {
-    criterion::Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(300))
-        .measurement_time(Duration::from_secs(1))
-}
-
 /// A delay in 1 s..60 s, spread by index.
 pub(crate) fn spread_delay(i: u64) -> Duration {
     Duration::from_millis(1_000 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 59_000)

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::report::{Lateness, Meter, WorkloadReport};
+use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
 
@@ -18,6 +18,7 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     let tracker = Tracker::leak(timers, Instant::now() + lead, Duration::ZERO);
     let due = tracker.base;
     let meter = Meter::start();
+    let start = Instant::now();
     let allocated_before = crate::alloc::allocated();
     let bar = common.progress("burst", timers as u64);
     std::thread::scope(|scope| {
@@ -68,9 +69,12 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     ));
     WorkloadReport {
         name: "burst",
-        operation: "timers fired",
-        operations: fired,
-        ops_per_sec: rate,
+        rates: Rates {
+            schedule: Some(timers as f64 / (scheduled_at - start).as_secs_f64()),
+            fired: Some(rate),
+            drain_ms: Some(drain.as_secs_f64() * 1e3),
+            ..Rates::default()
+        },
         fired,
         lateness_us: lateness,
         early,

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::report::{Lateness, Meter, WorkloadReport};
+use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
 
@@ -89,9 +89,10 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
     }
     WorkloadReport {
         name: "delayed",
-        operation: "jobs scheduled",
-        operations: jobs as u64,
-        ops_per_sec: jobs as f64 / schedule_time.as_secs_f64(),
+        rates: Rates {
+            schedule: Some(jobs as f64 / schedule_time.as_secs_f64()),
+            ..Rates::default()
+        },
         fired,
         lateness_us: Lateness::of(&histogram),
         early,

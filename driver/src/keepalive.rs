@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use sharded_timer::{ShardedTimer, TimerHandle};
 
-use crate::report::{Lateness, Meter, WorkloadReport};
+use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
 
@@ -148,12 +148,19 @@ pub(crate) fn run(
             Rearm::Reset => "keepalive",
             Rearm::CancelSchedule => "keepalive-cs",
         },
-        operation: match rearm {
-            Rearm::Reset => "re-arms by reset",
-            Rearm::CancelSchedule => "re-arms by cancel+schedule",
+        rates: {
+            let per_sec = Some(rearms as f64 / busy_elapsed.as_secs_f64());
+            match rearm {
+                Rearm::Reset => Rates {
+                    reset: per_sec,
+                    ..Rates::default()
+                },
+                Rearm::CancelSchedule => Rates {
+                    cancel_schedule: per_sec,
+                    ..Rates::default()
+                },
+            }
         },
-        operations: rearms,
-        ops_per_sec: rearms as f64 / busy_elapsed.as_secs_f64(),
         fired,
         lateness_us: Lateness::of(&histogram),
         early,

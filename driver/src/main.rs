@@ -2,8 +2,11 @@
 //! about, checks every timer as it fires, and prints a report.
 //!
 //! ```text
-//! cargo run --release                        # all four workloads, about 20 s
+//! cargo run --release                        # every workload, about 30 s
 //! cargo run --release -- rpc --requests 1000000 --json
+//! cargo run --release -- --compare           # the same workloads on tokio and peers, ratios
+//! cargo run --release -- --sweep producers=1,2,4,8
+//! cargo run --release -- --soak 10m          # flat memory, nothing early, lost or duplicated
 //! ```
 //!
 //! Each workload checks itself as it runs (no early fire, nothing lost, nothing
@@ -12,11 +15,19 @@
 //! 30 s timeout runs in 300 ms.
 
 mod alloc;
+mod asynchronous;
+mod backpressure;
 mod burst;
+mod compare;
 mod delayed;
+mod heartbeat;
 mod keepalive;
+#[path = "../../benches/peers/mod.rs"]
+mod peers;
 mod report;
 mod rpc;
+mod soak;
+mod sweep;
 mod tracker;
 
 use std::time::{Duration, Instant};
@@ -25,7 +36,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sharded_timer::ShardedTimer;
 
-use report::{IdleReport, RunReport};
+use report::{IdleReport, Machine, RunReport};
 
 #[global_allocator]
 static GLOBAL: alloc::CountingAllocator = alloc::CountingAllocator;
@@ -41,6 +52,25 @@ enum Workload {
     Delayed,
     /// Many timers due in the same tick.
     Burst,
+    /// Repeating timers at a fixed rate.
+    Heartbeat,
+    /// `max_pending` reached and recovered, nothing lost.
+    Backpressure,
+    /// `timeout`s around futures on tokio and on a hand-written executor.
+    Async,
+}
+
+impl Workload {
+    /// Every workload, in the default order.
+    const ALL: [Workload; 7] = [
+        Workload::Keepalive,
+        Workload::Rpc,
+        Workload::Delayed,
+        Workload::Burst,
+        Workload::Heartbeat,
+        Workload::Backpressure,
+        Workload::Async,
+    ];
 }
 
 /// Command-line arguments.
@@ -50,9 +80,30 @@ enum Workload {
     about = "Load driver for sharded-timer: real-world timer workloads, checked and measured"
 )]
 struct Args {
-    /// Workloads to run, in order [default: all four]
+    /// Workloads to run, in order [default: all; none with --compare, --sweep or --soak]
     #[arg(value_enum)]
     workloads: Vec<Workload>,
+    /// Run rpc, burst, schedule and memory on sharded-timer and its peers (tokio as
+    /// its users write it, the netty-style wheel, a heap), and print ratios
+    #[arg(long)]
+    compare: bool,
+    /// --compare: peers to run, by name (sharded-timer,tokio,tokio-timeout,heap,netty-style,sharded-unpinned)
+    #[arg(long)]
+    peers: Option<String>,
+    /// --compare and --sweep: interleaved rounds per figure (the median is kept)
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Print a scaling table over producer threads (and as many shards), e.g.
+    /// `producers=1,2,4,8`
+    #[arg(long)]
+    sweep: Option<String>,
+    /// Run the rpc and keepalive loads on one service for this long (e.g. 10m, 90s),
+    /// checking memory stays flat and no timer is early, lost or duplicated
+    #[arg(long)]
+    soak: Option<String>,
+    /// Print the workload report as CSV, one line per workload
+    #[arg(long)]
+    csv: bool,
     /// Divide every workload duration (timeouts, horizons) by this factor
     #[arg(long, default_value_t = 100.0)]
     time_scale: f64,
@@ -101,6 +152,21 @@ struct Args {
     /// burst: timers due in the same tick
     #[arg(long, default_value_t = 1_000_000)]
     burst: usize,
+    /// heartbeat: repeating timers
+    #[arg(long, default_value_t = 10_000)]
+    heartbeats: usize,
+    /// heartbeat: period in seconds (before --time-scale)
+    #[arg(long, default_value_t = 1.0)]
+    heartbeat_period_s: f64,
+    /// backpressure: the service's max_pending
+    #[arg(long, default_value_t = 100_000)]
+    max_pending: usize,
+    /// backpressure: timers offered (more than max_pending)
+    #[arg(long, default_value_t = 400_000)]
+    offered: usize,
+    /// async: timeouts per executor
+    #[arg(long, default_value_t = 1_000_000)]
+    timeouts: usize,
     /// Skip the idle-wakeup check
     #[arg(long)]
     no_idle_check: bool,
@@ -110,19 +176,19 @@ struct Args {
 #[derive(Debug, Clone)]
 pub(crate) struct Common {
     /// Service shards.
-    shards: Option<usize>,
+    pub(crate) shards: Option<usize>,
     /// Service executor threads.
     executor_threads: Option<usize>,
     /// Wheel tick.
-    tick: Duration,
+    pub(crate) tick: Duration,
     /// Pin shards.
-    pin: bool,
+    pub(crate) pin: bool,
     /// Time compression factor.
     time_scale: f64,
     /// Producer threads.
     pub(crate) producers: usize,
     /// Whether to draw progress bars.
-    progress: bool,
+    pub(crate) progress: bool,
 }
 
 impl Common {
@@ -208,6 +274,11 @@ fn idle_check(common: &Common) -> Option<IdleReport> {
     })
 }
 
+/// Whether the run had no workload (a --compare, --sweep or --soak run only).
+fn workloads_empty(run: &RunReport) -> bool {
+    run.workloads.is_empty()
+}
+
 fn main() {
     let args = Args::parse();
     if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
@@ -229,18 +300,69 @@ fn main() {
         pin: !args.no_pin,
         time_scale: args.time_scale,
         producers: args.producers,
-        progress: !args.json,
+        progress: !args.json && !args.csv,
     };
-    let workloads = if args.workloads.is_empty() {
-        vec![
-            Workload::Keepalive,
-            Workload::Rpc,
-            Workload::Delayed,
-            Workload::Burst,
-        ]
-    } else {
+    let modes = args.compare || args.sweep.is_some() || args.soak.is_some();
+    let workloads = if !args.workloads.is_empty() {
         args.workloads.clone()
+    } else if modes {
+        Vec::new()
+    } else {
+        Workload::ALL.to_vec()
     };
+    let machine = Machine::read();
+    let quiet = args.json || args.csv;
+    let mut failed = false;
+    let mut extra = serde_json::Map::new();
+    if args.compare {
+        if !quiet {
+            println!("sharded-timer --compare {machine}");
+        }
+        let report = compare::run(args.rounds, args.peers.as_deref(), quiet);
+        failed |= report.early() > 0;
+        extra.insert(
+            "compare".into(),
+            serde_json::to_value(&report).expect("serialises"),
+        );
+    }
+    if let Some(spec) = &args.sweep {
+        let producers = match sweep::parse(spec) {
+            Ok(producers) => producers,
+            Err(message) => {
+                eprintln!("error: {message}");
+                std::process::exit(2);
+            }
+        };
+        if !quiet && !args.compare {
+            println!("sharded-timer --sweep {machine}");
+        }
+        let rows = sweep::run(&producers, args.rounds, quiet);
+        extra.insert(
+            "sweep".into(),
+            serde_json::to_value(&rows).expect("serialises"),
+        );
+    }
+    if let Some(text) = &args.soak {
+        let duration = match soak::parse_duration(text) {
+            Ok(duration) => duration,
+            Err(message) => {
+                eprintln!("error: {message}");
+                std::process::exit(2);
+            }
+        };
+        if !quiet {
+            println!("sharded-timer --soak {text} {machine}");
+        }
+        let report = soak::run(&common, duration);
+        if !quiet {
+            report.print();
+        }
+        failed |= report.grew() || report.violated();
+        extra.insert(
+            "soak".into(),
+            serde_json::to_value(&report).expect("serialises"),
+        );
+    }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let config = format!(
         "{} shards, {} executor threads, tick {} µs, {}, {} producer threads, time scale {}x, {} cores",
@@ -254,6 +376,7 @@ fn main() {
     );
     let mut run = RunReport {
         config,
+        machine,
         workloads: Vec::new(),
         idle: None,
     };
@@ -281,21 +404,34 @@ fn main() {
             ),
             Workload::Delayed => delayed::run(&common, args.jobs, args.horizon_s),
             Workload::Burst => burst::run(&common, args.burst),
+            Workload::Heartbeat => {
+                heartbeat::run(&common, args.heartbeats, args.heartbeat_period_s, 50)
+            }
+            Workload::Backpressure => {
+                backpressure::run(&common, args.max_pending, args.offered, 20.0)
+            }
+            Workload::Async => asynchronous::run(&common, args.timeouts, 30.0),
         };
         run.workloads.push(result);
     }
-    if !args.no_idle_check {
+    if !args.no_idle_check && !workloads_empty(&run) {
         run.idle = idle_check(&common);
     }
     if args.json {
+        let mut value = serde_json::to_value(&run).expect("the report serialises");
+        if let Some(object) = value.as_object_mut() {
+            object.extend(extra);
+        }
         println!(
             "{}",
-            serde_json::to_string_pretty(&run).expect("the report serialises")
+            serde_json::to_string_pretty(&value).expect("the report serialises")
         );
-    } else {
+    } else if args.csv {
+        report::print_csv(&run);
+    } else if !workloads_empty(&run) {
         report::print_table(&run);
     }
-    if run.workloads.iter().any(report::WorkloadReport::violated) {
+    if failed || run.workloads.iter().any(report::WorkloadReport::violated) {
         std::process::exit(1);
     }
 }

@@ -16,12 +16,8 @@ pub(crate) const NOT_FIRED: u32 = u32::MAX;
 pub(crate) struct WorkloadReport {
     /// Workload name.
     pub(crate) name: &'static str,
-    /// What one operation is (for the ops/s column).
-    pub(crate) operation: &'static str,
-    /// Operations done.
-    pub(crate) operations: u64,
-    /// Operations per second over the measured phase.
-    pub(crate) ops_per_sec: f64,
+    /// Operations per second over the measured phase, one field per kind.
+    pub(crate) rates: Rates,
     /// Timers whose callbacks ran.
     pub(crate) fired: u64,
     /// Lateness percentiles in µs.
@@ -51,6 +47,47 @@ impl WorkloadReport {
     /// Whether any invariant was violated.
     pub(crate) fn violated(&self) -> bool {
         self.early > 0 || self.lost > 0 || self.duplicated > 0
+    }
+}
+
+/// A workload's rates, one per kind of operation (`None`: the workload does not do it).
+#[derive(Debug, Default, Serialize, Clone, Copy)]
+pub(crate) struct Rates {
+    /// Timers scheduled per second (not cancelled by the workload).
+    pub(crate) schedule: Option<f64>,
+    /// Schedule + cancel pairs per second (a request answered before its timeout).
+    pub(crate) schedule_cancel: Option<f64>,
+    /// `reset`s per second (a keepalive re-armed in place).
+    pub(crate) reset: Option<f64>,
+    /// Re-arms per second by cancel + schedule (a keepalive without `reset`).
+    pub(crate) cancel_schedule: Option<f64>,
+    /// Callbacks run per second (a drain of timers due together).
+    pub(crate) fired: Option<f64>,
+    /// Time from a common deadline to the last callback, ms.
+    pub(crate) drain_ms: Option<f64>,
+}
+
+impl Rates {
+    /// The table's column heads, in order.
+    pub(crate) const HEADS: [&'static str; 6] = [
+        "schedule/s",
+        "s+cancel/s",
+        "reset/s",
+        "cancel+s/s",
+        "fired/s",
+        "drain ms",
+    ];
+
+    /// The values in [`HEADS`](Self::HEADS) order.
+    pub(crate) fn columns(&self) -> [Option<f64>; 6] {
+        [
+            self.schedule,
+            self.schedule_cancel,
+            self.reset,
+            self.cancel_schedule,
+            self.fired,
+            self.drain_ms,
+        ]
     }
 }
 
@@ -176,6 +213,8 @@ pub(crate) struct IdleReport {
 pub(crate) struct RunReport {
     /// How the service was configured.
     pub(crate) config: String,
+    /// What it ran on.
+    pub(crate) machine: Machine,
     /// One entry per workload run.
     pub(crate) workloads: Vec<WorkloadReport>,
     /// The idle check, if run.
@@ -186,11 +225,13 @@ fn megabytes(bytes: Option<u64>) -> String {
     bytes.map_or("n/a".into(), |b| format!("{:.0} MB", b as f64 / 1e6))
 }
 
-fn rate(ops_per_sec: f64) -> String {
-    if ops_per_sec >= 1e6 {
-        format!("{:.2} M/s", ops_per_sec / 1e6)
-    } else {
-        format!("{:.0} k/s", ops_per_sec / 1e3)
+/// A rate or a figure in a short column: `12.34 M`, `567 k`, or `-` for none.
+fn short(value: Option<f64>) -> String {
+    match value {
+        None => "-".into(),
+        Some(v) if v >= 1e6 => format!("{:.2} M", v / 1e6),
+        Some(v) if v >= 1e4 => format!("{:.0} k", v / 1e3),
+        Some(v) => format!("{v:.1}"),
     }
 }
 
@@ -198,12 +239,14 @@ fn rate(ops_per_sec: f64) -> String {
 pub(crate) fn print_table(run: &RunReport) {
     println!();
     println!("sharded-timer load driver — {}", run.config);
+    println!("{}", run.machine);
     println!();
+    print!("{:<13}", "workload");
+    for head in Rates::HEADS {
+        print!(" {head:>10}");
+    }
     println!(
-        "{:<12} {:>12} {:<30} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
-        "workload",
-        "ops/s",
-        "(operation)",
+        " {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
         "p50 µs",
         "p99 µs",
         "p999 µs",
@@ -216,11 +259,12 @@ pub(crate) fn print_table(run: &RunReport) {
         "CPU s"
     );
     for w in &run.workloads {
+        print!("{:<13}", w.name);
+        for value in w.rates.columns() {
+            print!(" {:>10}", short(value));
+        }
         println!(
-            "{:<12} {:>12} {:<30} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
-            w.name,
-            rate(w.ops_per_sec),
-            format!("({})", w.operation),
+            " {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>4} {:>9} {:>10} {:>7}",
             w.lateness_us.p50,
             w.lateness_us.p99,
             w.lateness_us.p999,
@@ -257,6 +301,96 @@ pub(crate) fn print_table(run: &RunReport) {
         println!("all invariants held: no early fire, nothing lost, nothing duplicated");
     } else {
         println!("INVARIANT VIOLATED in: {}", violations.join(", "));
+    }
+}
+
+/// Prints the run as CSV: a header, then one line per workload, each carrying the
+/// machine, toolchain and commit it ran on.
+pub(crate) fn print_csv(run: &RunReport) {
+    let heads: Vec<String> = Rates::HEADS
+        .iter()
+        .map(|h| h.replace("/s", "_per_sec").replace(['+', ' '], "_"))
+        .collect();
+    println!(
+        "workload,{},p50_us,p99_us,p999_us,max_us,early,lost,duplicated,peak_rss_bytes,bytes_per_pending,cpu_seconds,wall_seconds,cores,cpu_model,kernel,rustc,commit,config",
+        heads.join(",")
+    );
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+    let field = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
+    for w in &run.workloads {
+        let rates: Vec<String> = w.rates.columns().into_iter().map(field).collect();
+        println!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{}",
+            w.name,
+            rates.join(","),
+            w.lateness_us.p50,
+            w.lateness_us.p99,
+            w.lateness_us.p999,
+            w.lateness_us.max,
+            w.early,
+            w.lost,
+            w.duplicated,
+            w.peak_rss_bytes.map_or(String::new(), |b| b.to_string()),
+            field(w.bytes_per_pending),
+            field(w.cpu_seconds),
+            w.wall_seconds,
+            run.machine.cores,
+            quote(&run.machine.cpu_model),
+            quote(&run.machine.kernel),
+            quote(&run.machine.rustc),
+            run.machine.commit,
+            quote(&run.config),
+        );
+    }
+}
+
+/// What a run ran on: the machine, the toolchain and the commit.
+#[derive(Debug, Serialize, Clone)]
+pub(crate) struct Machine {
+    /// Cores available to the process.
+    pub(crate) cores: usize,
+    /// The CPU's model name (/proc/cpuinfo), or "unknown".
+    pub(crate) cpu_model: String,
+    /// The kernel's release (/proc/sys/kernel/osrelease), or the OS name.
+    pub(crate) kernel: String,
+    /// `rustc -V` of the compiler that built the driver.
+    pub(crate) rustc: String,
+    /// The commit the driver was built from (`git describe --always --dirty`).
+    pub(crate) commit: String,
+}
+
+impl Machine {
+    /// Reads the machine; the toolchain and commit were recorded at build time.
+    pub(crate) fn read() -> Self {
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                info.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, model)| model.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|r| format!("Linux {}", r.trim()))
+            .unwrap_or_else(|_| std::env::consts::OS.to_owned());
+        Machine {
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            kernel,
+            rustc: env!("DRIVER_RUSTC_VERSION").to_owned(),
+            commit: env!("DRIVER_COMMIT").to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "on {} cores of {}, {}; built by {} from commit {}",
+            self.cores, self.cpu_model, self.kernel, self.rustc, self.commit
+        )
     }
 }
 

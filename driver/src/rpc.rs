@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::report::{Lateness, Meter, WorkloadReport};
+use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
 
@@ -153,9 +153,10 @@ pub(crate) fn run(
     ];
     WorkloadReport {
         name: "rpc",
-        operation: "schedule+cancel pairs",
-        operations: requests as u64,
-        ops_per_sec: requests as f64 / elapsed.as_secs_f64(),
+        rates: Rates {
+            schedule_cancel: Some(requests as f64 / elapsed.as_secs_f64()),
+            ..Rates::default()
+        },
         fired,
         lateness_us: Lateness::of(&histogram),
         early,

@@ -1,5 +1,5 @@
-//! What criterion does not measure, side by side with the peers in one process: the
-//! driver's `rpc` and `burst` workloads run against each peer, with lateness
+//! `--compare`: the same workloads, in one process run, on sharded-timer and its
+//! peers (`benches/peers/`), with ratios: `rpc` and `burst` against each peer, with lateness
 //! percentiles (p50/p99/p999/max, µs), early fires, and exact bytes per pending timer
 //! (a counting global allocator, not RSS).
 //!
@@ -23,24 +23,18 @@
 //! Each workload runs 3 rounds over all peers, interleaved, and reports each peer's
 //! median round with the range (the shared machine's speed drifts within a run).
 //!
-//! Run: `cargo bench --bench compare` (`COMPARE_PEERS=a,b`, `COMPARE_ROUNDS=n`).
+//! Run: `cargo run --release -- --compare` (`--peers a,b`, `--rounds n`).
 //! Tick: 1 ms for every peer.
 
-#![allow(missing_docs, reason = "a bench binary")]
-
-#[path = "../driver/src/alloc.rs"]
-#[allow(dead_code, reason = "shared with the driver, which uses all of it")]
-mod alloc;
-mod peers;
+#![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use peers::{fill, Handle, Kind};
+use serde::Serialize;
 
-#[global_allocator]
-static GLOBAL: alloc::CountingAllocator = alloc::CountingAllocator;
+use crate::peers::{self, fill, Handle, Kind};
 
 const NOT_FIRED: u32 = u32::MAX;
 const REQUESTS: usize = 1_000_000;
@@ -90,10 +84,16 @@ impl Slots {
     }
 }
 
-struct Row {
+/// One peer's figures in one workload.
+#[derive(Debug, Serialize)]
+pub(crate) struct Row {
+    /// The peer.
     peer: &'static str,
+    /// Operations per second (the workload says which).
     rate: f64,
+    /// Lateness p50, p99, p999 and max, µs.
     lateness: [u64; 4],
+    /// Early fires (must be 0).
     early: u64,
     /// Lowest..highest rate over the rounds, in millions.
     spread: String,
@@ -234,7 +234,7 @@ fn bytes_per_pending(kind: Kind) -> f64 {
     let peer = kind.start();
     let slots = Slots::leak(0);
     let mut handles: Vec<Handle> = Vec::with_capacity(BACKGROUND);
-    let before = alloc::allocated();
+    let before = crate::alloc::allocated();
     for index in 0..BACKGROUND {
         // A 16-byte closure (a reference and an index, as in the driver).
         handles.push(peer.schedule(Duration::from_secs(3600), move || {
@@ -243,7 +243,7 @@ fn bytes_per_pending(kind: Kind) -> f64 {
     }
     // Let the peers' own threads take the timers in.
     std::thread::sleep(Duration::from_millis(500));
-    let bytes = alloc::allocated().saturating_sub(before) as f64 / BACKGROUND as f64;
+    let bytes = crate::alloc::allocated().saturating_sub(before) as f64 / BACKGROUND as f64;
     drop(handles);
     drop(peer);
     bytes + kind.handle_size() as f64 - 16.0
@@ -252,15 +252,19 @@ fn bytes_per_pending(kind: Kind) -> f64 {
 /// Schedules `TIMERS` timers (delays spread over 1 s..60 s) from `threads` producer
 /// threads, each keeping its handles, and, with `cancel`, cancels each right after
 /// scheduling it. Returns timers (pairs) per second.
-fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> f64 {
+pub(crate) fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> f64 {
+    schedule_rate_on(&kind.start(), threads, cancel)
+}
+
+/// [`schedule_rate`] on a running peer, which it drops at the end.
+pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool) -> f64 {
     const TIMERS: usize = 1_000_000;
-    let peer = kind.start();
     let per = TIMERS / threads;
     let barrier = std::sync::Barrier::new(threads + 1);
     let elapsed = std::thread::scope(|scope| {
         let producers: Vec<_> = (0..threads)
             .map(|producer| {
-                let (peer, barrier) = (&peer, &barrier);
+                let barrier = &barrier;
                 scope.spawn(move || {
                     peers::pin_producer(producer);
                     let mut kept = Vec::with_capacity(if cancel { 0 } else { per });
@@ -288,7 +292,6 @@ fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> f64 {
         }
         elapsed
     });
-    drop(peer);
     (per * threads) as f64 / elapsed.as_secs_f64()
 }
 
@@ -341,90 +344,133 @@ fn print(title: &str, unit: &str, rows: &[Row]) {
     }
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list" || a == "--test") {
-        // `cargo test --benches` and `--list` probes: nothing to list or test here.
-        return;
-    }
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    println!("sharded-timer compare: {cores} cores; ratio = sharded-timer's figure / the peer's");
-    // COMPARE_PEERS=name,name limits the run (names as printed).
-    let only = std::env::var("COMPARE_PEERS").ok();
+/// Everything `--compare` measured.
+#[derive(Debug, Serialize)]
+pub(crate) struct CompareReport {
+    /// Rounds per figure (each the median).
+    rounds: usize,
+    /// rpc: schedule+cancel pairs/s with 1 M pending; lateness of the timeouts.
+    rpc: Vec<Row>,
+    /// burst: 1 M timers due together; fired/s over the drain, lateness.
+    burst: Vec<Row>,
+    /// Producer threads of the schedule columns.
+    producers: Vec<usize>,
+    /// Per peer: schedule M/s at each producer count, then schedule+cancel.
+    schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+    /// Per peer: allocated bytes per pending timer, handle kept, and handle bytes.
+    memory: Vec<(&'static str, f64, usize)>,
+}
+
+/// Runs every workload on each peer named in `only` (all when `None`), `rounds` times
+/// interleaved, printing as it goes unless `quiet`.
+pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareReport {
+    let rounds = rounds.max(1);
     let kinds: Vec<Kind> = Kind::ALL
         .into_iter()
         .chain([Kind::TokioTimeout])
-        .filter(|k| {
-            only.as_deref()
-                .is_none_or(|o| o.split(',').any(|n| n == k.name()))
-        })
+        .filter(|k| only.is_none_or(|o| o.split(',').any(|n| n == k.name())))
         .collect();
-    // Rounds interleave the peers, so a change in the shared machine's speed during
-    // the run hits every peer alike; each figure is the median of the rounds.
-    let rounds: usize = std::env::var("COMPARE_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
     let rpc_rows = median_rows(&kinds, rounds, rpc);
-    print("rpc: schedule+cancel pairs/s (2 producers, 1 M pending), lateness of the 3 % that time out", "pairs/s", &rpc_rows);
+    if !quiet {
+        print(
+            "rpc: schedule+cancel pairs/s (2 producers, 1 M pending), lateness of the 3 % that time out",
+            "pairs/s",
+            &rpc_rows,
+        );
+    }
     let burst_rows = median_rows(&kinds, rounds, burst);
-    print(
-        "burst: 1 M timers due together, drain rate",
-        "fired/s",
-        &burst_rows,
-    );
-    println!(
-        "\nschedule and schedule+cancel, 1 M timers, M/s (median of {rounds} interleaved rounds)"
-    );
-    println!(
-        "{:<18} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-        "peer", "s T=1", "s T=2", "s T=8", "s+c T=1", "s+c T=2", "s+c T=8"
-    );
-    let mut rates = vec![[0.0f64; 6]; kinds.len()];
-    let mut samples = vec![vec![Vec::new(); 6]; kinds.len()];
-    for _ in 0..rounds.max(1) {
+    if !quiet {
+        print(
+            "burst: 1 M timers due together, drain rate",
+            "fired/s",
+            &burst_rows,
+        );
+    }
+    let producers = vec![1, 2, 8];
+    let mut samples = vec![vec![Vec::new(); 2 * producers.len()]; kinds.len()];
+    for _ in 0..rounds {
         for (k, &kind) in kinds.iter().enumerate() {
-            for (c, (threads, cancel)) in [
-                (1, false),
-                (2, false),
-                (8, false),
-                (1, true),
-                (2, true),
-                (8, true),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                samples[k][c].push(schedule_rate(kind, threads, cancel));
+            for (c, cancel) in [false, true].into_iter().enumerate() {
+                for (t, &threads) in producers.iter().enumerate() {
+                    samples[k][c * producers.len() + t].push(schedule_rate(kind, threads, cancel));
+                }
             }
         }
     }
-    for (k, &kind) in kinds.iter().enumerate() {
-        for c in 0..6 {
-            let column = &mut samples[k][c];
-            column.sort_by(f64::total_cmp);
-            rates[k][c] = column[column.len() / 2];
-        }
-        let r = rates[k];
+    let schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)> = kinds
+        .iter()
+        .zip(samples)
+        .map(|(kind, mut columns)| {
+            let medians: Vec<f64> = columns
+                .iter_mut()
+                .map(|column| {
+                    column.sort_by(f64::total_cmp);
+                    column[column.len() / 2] / 1e6
+                })
+                .collect();
+            let (plain, cancel) = medians.split_at(producers.len());
+            (kind.name(), plain.to_vec(), cancel.to_vec())
+        })
+        .collect();
+    let memory: Vec<(&'static str, f64, usize)> = kinds
+        .iter()
+        .map(|&kind| (kind.name(), bytes_per_pending(kind), kind.handle_size()))
+        .collect();
+    let report = CompareReport {
+        rounds,
+        rpc: rpc_rows,
+        burst: burst_rows,
+        producers,
+        schedule,
+        memory,
+    };
+    if !quiet {
+        print_rest(&report);
+    }
+    report
+}
+
+/// Prints the schedule and memory tables and the early-fire total.
+fn print_rest(report: &CompareReport) {
+    let ours = &report.schedule[0];
+    println!(
+        "\nschedule and schedule+cancel, 1 M timers, M/s at {:?} producers (median of {} interleaved rounds); ratio = sharded-timer / peer",
+        report.producers, report.rounds
+    );
+    for (name, plain, cancel) in &report.schedule {
+        let cells = |mine: &[f64], theirs: &[f64]| -> String {
+            mine.iter()
+                .zip(theirs)
+                .map(|(m, t)| format!("{m:>6.2} ({:>4.2}x)", t / m))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         println!(
-            "{:<18} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
-            kind.name(),
-            r[0] / 1e6,
-            r[1] / 1e6,
-            r[2] / 1e6,
-            r[3] / 1e6,
-            r[4] / 1e6,
-            r[5] / 1e6
+            "{name:<18} s: {}   s+c: {}",
+            cells(plain, &ours.1),
+            cells(cancel, &ours.2)
         );
     }
     println!("\nbytes per pending timer (1 M pending, the caller keeping its handle, excluding the 16-byte closure)");
-    for &kind in &kinds {
+    let our_bytes = report.memory[0].1;
+    for (name, bytes, handle) in &report.memory {
         println!(
-            "{:<18} {:>8.1}   (handle {} B)",
-            kind.name(),
-            bytes_per_pending(kind),
-            kind.handle_size()
+            "{name:<18} {bytes:>8.1}   (handle {handle} B; sharded-timer uses {:.2}x)",
+            our_bytes / bytes
         );
     }
-    let early: u64 = rpc_rows.iter().chain(&burst_rows).map(|r| r.early).sum();
+    let early: u64 = report
+        .rpc
+        .iter()
+        .chain(&report.burst)
+        .map(|r| r.early)
+        .sum();
     println!("\nearly fires across all peers: {early}");
+}
+
+impl CompareReport {
+    /// Early fires in every workload and peer (must be 0).
+    pub(crate) fn early(&self) -> u64 {
+        self.rpc.iter().chain(&self.burst).map(|r| r.early).sum()
+    }
 }

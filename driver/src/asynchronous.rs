@@ -1,0 +1,287 @@
+//! `async`: a million `timeout`s around futures, as async servers use them: on a tokio
+//! runtime (one task per request) and on a hand-written single-threaded executor,
+//! beside tokio's own `tokio::time::timeout` on the same runtime. 99 % of the inner
+//! futures complete after one yield (the timeout is registered, then cancelled by
+//! drop); 1 % never complete and must elapse, never before their deadline.
+
+#![forbid(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use sharded_timer::ShardedTimer;
+
+use crate::report::{Lateness, Meter, Rates, WorkloadReport};
+use crate::Common;
+
+/// One in this many inner futures never completes.
+const NEVER_EVERY: usize = 100;
+
+/// Completes on its second poll, waking itself on the first: a reply that arrives
+/// one scheduling round later.
+#[derive(Debug, Default)]
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// What the requests saw.
+#[derive(Debug, Default)]
+struct Outcomes {
+    /// Inner futures that completed in time.
+    completed: AtomicU64,
+    /// Timeouts that elapsed.
+    elapsed: AtomicU64,
+    /// Timeouts that elapsed before their deadline.
+    early: AtomicU64,
+    /// Timeouts that elapsed around a future that would have completed, or completed
+    /// around one that never does: must be 0.
+    wrong: AtomicU64,
+    /// Lateness of the elapsed ones, µs.
+    lateness: Mutex<Vec<u64>>,
+}
+
+impl Outcomes {
+    /// Records request `index`'s outcome; `deadline` is at or before its timer's.
+    fn record(&self, index: usize, deadline: Instant, timed_out: bool) {
+        let never = index.is_multiple_of(NEVER_EVERY);
+        if timed_out != never {
+            self.wrong.fetch_add(1, Ordering::Relaxed);
+        }
+        if timed_out {
+            let now = Instant::now();
+            if now < deadline {
+                self.early.fetch_add(1, Ordering::Relaxed);
+            }
+            self.elapsed.fetch_add(1, Ordering::Relaxed);
+            let late = now.saturating_duration_since(deadline).as_micros() as u64;
+            self.lateness
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(late);
+        } else {
+            self.completed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Request `index`'s inner future: a reply after one yield, or none ever.
+async fn reply(index: usize) {
+    if index.is_multiple_of(NEVER_EVERY) {
+        std::future::pending::<()>().await;
+    } else {
+        YieldOnce::default().await;
+    }
+}
+
+/// Which timeout the tokio tasks use.
+#[derive(Clone, Copy, Debug)]
+enum Flavor {
+    /// `ShardedTimer::timeout`.
+    Sharded,
+    /// `tokio::time::timeout`.
+    Tokio,
+}
+
+/// `requests` tasks on a tokio runtime with `workers` threads, each awaiting a
+/// timeout of `timeout` around its reply. Returns requests per second.
+fn on_tokio(
+    timer: &ShardedTimer,
+    flavor: Flavor,
+    requests: usize,
+    workers: usize,
+    timeout: Duration,
+    outcomes: &'static Outcomes,
+) -> f64 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_time()
+        .build()
+        .expect("a tokio runtime");
+    let start = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..requests)
+            .map(|index| {
+                let timer = timer.clone();
+                tokio::spawn(async move {
+                    let deadline = Instant::now() + timeout;
+                    let timed_out = match flavor {
+                        Flavor::Sharded => timer.timeout(timeout, reply(index)).await.is_err(),
+                        Flavor::Tokio => tokio::time::timeout(timeout, reply(index)).await.is_err(),
+                    };
+                    outcomes.record(index, deadline, timed_out);
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("a request task");
+        }
+    });
+    requests as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The hand-written executor's shared run queue.
+#[derive(Debug, Default)]
+struct RunQueue {
+    /// Indexes of tasks woken since their last poll.
+    woken: Mutex<VecDeque<usize>>,
+}
+
+/// A task's waker: queue its index and unpark the executor thread.
+#[derive(Debug)]
+struct TaskWaker {
+    /// The task.
+    index: usize,
+    /// Where to queue it.
+    queue: Arc<RunQueue>,
+    /// The executor thread.
+    thread: std::thread::Thread,
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.queue
+            .woken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(self.index);
+        self.thread.unpark();
+    }
+}
+
+/// A boxed request future.
+type Request = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// `requests` timeouts polled by a minimal single-threaded executor: poll every
+/// future once, then whatever is woken, parking while nothing is. A future may be
+/// woken after it completed; such wakes are ignored. Returns requests per second.
+fn on_hand_written(
+    timer: &ShardedTimer,
+    requests: usize,
+    timeout: Duration,
+    outcomes: &'static Outcomes,
+) -> f64 {
+    let queue = Arc::new(RunQueue::default());
+    let start = Instant::now();
+    let mut tasks: Vec<Option<(Request, Waker)>> = (0..requests)
+        .map(|index| {
+            let deadline = Instant::now() + timeout;
+            let future = timer.timeout(timeout, reply(index));
+            let request: Request = Box::pin(async move {
+                let timed_out = future.await.is_err();
+                outcomes.record(index, deadline, timed_out);
+            });
+            let waker = Waker::from(Arc::new(TaskWaker {
+                index,
+                queue: queue.clone(),
+                thread: std::thread::current(),
+            }));
+            Some((request, waker))
+        })
+        .collect();
+    let mut left = requests;
+    let mut poll = |index: usize, tasks: &mut Vec<Option<(Request, Waker)>>| {
+        if let Some((request, waker)) = &mut tasks[index] {
+            if request
+                .as_mut()
+                .poll(&mut Context::from_waker(waker))
+                .is_ready()
+            {
+                tasks[index] = None;
+                left -= 1;
+            }
+        }
+    };
+    for index in 0..requests {
+        poll(index, &mut tasks);
+    }
+    loop {
+        let next = queue
+            .woken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
+        match next {
+            Some(index) => poll(index, &mut tasks),
+            None if tasks.iter().all(Option::is_none) => break,
+            None => std::thread::park_timeout(Duration::from_millis(100)),
+        }
+    }
+    requests as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Runs `requests` timeouts of `timeout_s` (before the time scale) on each executor.
+pub(crate) fn run(common: &Common, requests: usize, timeout_s: f64) -> WorkloadReport {
+    let timer = common.service("async");
+    let timeout = common.scaled(timeout_s);
+    let workers = common.producers;
+    let meter = Meter::start();
+    let ours: &'static Outcomes = Box::leak(Box::default());
+    let theirs: &'static Outcomes = Box::leak(Box::default());
+    let tokio_rate = on_tokio(&timer, Flavor::Sharded, requests, workers, timeout, ours);
+    let hand_rate = on_hand_written(&timer, requests, timeout, ours);
+    let peer_rate = on_tokio(&timer, Flavor::Tokio, requests, workers, timeout, theirs);
+    drop(timer.shutdown());
+    let (wall, cpu, rss) = meter.stop();
+    let mut histogram = crate::report::histogram();
+    for &late in ours
+        .lateness
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+    {
+        histogram.saturating_record(late.max(1));
+    }
+    let count = |o: &Outcomes, f: fn(&Outcomes) -> &AtomicU64| f(o).load(Ordering::Relaxed);
+    let expected_elapsed = 2 * requests.div_ceil(NEVER_EVERY) as u64;
+    let elapsed = count(ours, |o| &o.elapsed);
+    let completed = count(ours, |o| &o.completed);
+    let lost = (2 * requests as u64).saturating_sub(elapsed + completed);
+    let theirs_early = count(theirs, |o| &o.early);
+    WorkloadReport {
+        name: "async",
+        rates: Rates {
+            schedule_cancel: Some(tokio_rate),
+            ..Rates::default()
+        },
+        fired: elapsed,
+        lateness_us: Lateness::of(&histogram),
+        early: count(ours, |o| &o.early),
+        lost,
+        duplicated: count(ours, |o| &o.wrong) + (elapsed + completed).saturating_sub(2 * requests as u64),
+        peak_rss_bytes: rss,
+        bytes_per_pending: None,
+        capture_bytes: 0,
+        cpu_seconds: cpu,
+        wall_seconds: wall,
+        notes: vec![
+            format!(
+                "{requests} timeouts ({timeout:?}) around replies, 1 in {NEVER_EVERY} never answered: tokio runtime ({workers} workers), one task each: {:.2} M/s; hand-written executor, 1 thread: {:.2} M/s",
+                tokio_rate / 1e6,
+                hand_rate / 1e6
+            ),
+            format!(
+                "same tasks with tokio::time::timeout: {:.2} M/s (sharded-timer {:.2}x); its early elapses: {theirs_early}; elapsed {expected_elapsed} expected, {elapsed} seen",
+                peer_rate / 1e6,
+                tokio_rate / peer_rate
+            ),
+        ],
+    }
+}

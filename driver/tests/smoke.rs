@@ -1,0 +1,100 @@
+//! The driver end to end, small: every workload checks itself and the process exits
+//! 0; the CSV carries one column per operation kind and the machine; a short soak
+//! passes; bad arguments exit 2.
+
+use std::process::Command;
+
+/// The driver, with workload sizes small enough for a debug build.
+fn driver() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sharded-timer"));
+    command.args([
+        "--no-pin",
+        "--connections",
+        "500",
+        "--requests",
+        "20000",
+        "--background",
+        "5000",
+        "--jobs",
+        "5000",
+        "--burst",
+        "5000",
+        "--heartbeats",
+        "100",
+        "--max-pending",
+        "1000",
+        "--offered",
+        "4000",
+        "--timeouts",
+        "5000",
+        "--no-idle-check",
+    ]);
+    command
+}
+
+#[test]
+fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
+    let out = driver().arg("--csv").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut lines = stdout.lines();
+    let header = lines.next().unwrap();
+    for column in [
+        "schedule_per_sec",
+        "s_cancel_per_sec",
+        "reset_per_sec",
+        "cancel_s_per_sec",
+        "fired_per_sec",
+        "drain_ms",
+        "cores",
+        "cpu_model",
+        "kernel",
+        "rustc",
+        "commit",
+    ] {
+        assert!(header.split(',').any(|c| c == column), "{column}: {header}");
+    }
+    let workloads: Vec<&str> = lines.map(|l| l.split(',').next().unwrap()).collect();
+    assert_eq!(
+        workloads,
+        [
+            "keepalive",
+            "keepalive-cs",
+            "rpc",
+            "delayed",
+            "burst",
+            "heartbeat",
+            "backpressure",
+            "async"
+        ]
+    );
+    assert!(stdout.contains("rustc "), "{stdout}");
+}
+
+#[test]
+fn a_short_soak_passes() {
+    let out = driver().args(["--soak", "3s"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("PASS: memory flat"), "{stdout}");
+}
+
+#[test]
+fn bad_arguments_exit_2_with_a_message() {
+    for args in [
+        ["--soak", "10d"],
+        ["--sweep", "producers=0"],
+        ["--time-scale", "0"],
+    ] {
+        let out = driver().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("error"),
+            "{args:?}"
+        );
+    }
+}
