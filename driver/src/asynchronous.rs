@@ -182,10 +182,12 @@ fn on_hand_written(
     let start = Instant::now();
     let mut tasks: Vec<Option<(Request, Waker)>> = (0..requests)
         .map(|index| {
-            let deadline = Instant::now() + timeout;
-            let future = timer.timeout(timeout, reply(index));
+            // The timeout starts at the request's first poll, as in a task: made here,
+            // a million of them would start before the first is polled.
+            let timer = timer.clone();
             let request: Request = Box::pin(async move {
-                let timed_out = future.await.is_err();
+                let deadline = Instant::now() + timeout;
+                let timed_out = timer.timeout(timeout, reply(index)).await.is_err();
                 outcomes.record(index, deadline, timed_out);
             });
             let waker = Waker::from(Arc::new(TaskWaker {
