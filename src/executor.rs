@@ -139,7 +139,7 @@ fn next_of_current_batch<T: Task>() -> Option<T> {
 }
 
 impl<T: Task> Executor<T> {
-    /// Starts `threads` workers named `{name}-worker-{k}`.
+    /// Starts `threads` workers named `{name}-w{k}` (cut to 15 bytes).
     ///
     /// # Errors
     ///

@@ -3,13 +3,24 @@
 
 mod support;
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use support::{small_timer, thread_count, wait_until, WAIT};
 
-/// Both tests look at this process's threads, so they must not overlap.
+/// These tests look at this process's threads, so they must not overlap.
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Takes the tests' turn to look at this process's threads, or says the test is
+/// skipped where /proc is not there to look at them.
+fn serial_with_proc() -> Option<MutexGuard<'static, ()>> {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if thread_count().is_none() {
+        eprintln!("skipped: /proc/self/task is not available on this platform");
+        return None;
+    }
+    Some(serial)
+}
 
 /// Thread ids of this process named like a test service's threads (`test-s{k}`,
 /// `test-w{k}`). The harness's own threads come and go and are not counted.
@@ -42,11 +53,9 @@ fn context_switches(tid: &str) -> Option<u64> {
 
 #[test]
 fn creating_and_dropping_30_services_leaves_no_threads_behind() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if thread_count().is_none() {
-        eprintln!("skipped: /proc/self/task is not available on this platform");
+    let Some(_serial) = serial_with_proc() else {
         return;
-    }
+    };
     assert_eq!(service_threads().len(), 0);
     for i in 0..30 {
         let timer = small_timer();
@@ -66,41 +75,52 @@ fn creating_and_dropping_30_services_leaves_no_threads_behind() {
     }
 }
 
-#[test]
-fn an_idle_service_makes_no_wakeups() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if thread_count().is_none() {
-        eprintln!("skipped: /proc/self/task is not available on this platform");
-        return;
-    }
+/// A 2-shard test service holding one timer an hour away, its threads started and
+/// settled, and their ids.
+fn settled_idle_service() -> (
+    sharded_timer::ShardedTimer,
+    sharded_timer::TimerHandle,
+    Vec<String>,
+) {
     let timer = small_timer();
-    let _far = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+    let far = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
     // Let the threads start, take the timer in and settle.
     std::thread::sleep(Duration::from_millis(100));
     assert!(
         wait_until(WAIT, || service_threads().len() == 4),
         "the service's 4 threads are visible"
     );
-    let threads = service_threads();
-    let first: Vec<u64> = threads
+    (timer, far, service_threads())
+}
+
+/// Context switches of each of `threads`.
+fn switches_of(threads: &[String]) -> Vec<u64> {
+    threads
         .iter()
         .map(|t| context_switches(t).unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn an_idle_service_makes_no_wakeups() {
+    let Some(_serial) = serial_with_proc() else {
+        return;
+    };
+    let (_timer, _far, threads) = settled_idle_service();
+    let first = switches_of(&threads);
     std::thread::sleep(Duration::from_millis(500));
-    let second: Vec<u64> = threads
-        .iter()
-        .map(|t| context_switches(t).unwrap())
-        .collect();
-    assert_eq!(first, second, "an idle service's threads woke up");
+    assert_eq!(
+        first,
+        switches_of(&threads),
+        "an idle service's threads woke up"
+    );
 }
 
 #[test]
 fn threads_are_named_prefix_s_k_and_prefix_w_k_in_fifteen_bytes() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if thread_count().is_none() {
-        eprintln!("skipped: /proc/self/task is not available on this platform");
+    let Some(_serial) = serial_with_proc() else {
         return;
-    }
+    };
     let timer = sharded_timer::ShardedTimer::builder()
         .shards(2)
         .executor_threads(2)
@@ -135,28 +155,20 @@ fn threads_are_named_prefix_s_k_and_prefix_w_k_in_fifteen_bytes() {
 
 #[test]
 fn formatting_a_service_with_debug_wakes_no_thread() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if thread_count().is_none() {
-        eprintln!("skipped: /proc/self/task is not available on this platform");
+    let Some(_serial) = serial_with_proc() else {
         return;
-    }
-    let timer = small_timer();
-    let _far = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(wait_until(WAIT, || service_threads().len() == 4));
-    let threads = service_threads();
-    let switches = || -> Vec<u64> {
-        threads
-            .iter()
-            .map(|t| context_switches(t).unwrap())
-            .collect()
     };
-    let before = switches();
+    let (timer, _far, threads) = settled_idle_service();
+    let before = switches_of(&threads);
     let mut shown = String::new();
     for _ in 0..100 {
         shown = format!("{timer:?}");
     }
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(before, switches(), "Debug woke the service's threads");
+    assert_eq!(
+        before,
+        switches_of(&threads),
+        "Debug woke the service's threads"
+    );
     assert!(shown.contains("shards: 2"), "{shown}");
 }
