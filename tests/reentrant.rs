@@ -54,6 +54,9 @@ fn callbacks_cancel_other_timers() {
 #[test]
 fn shutdown_from_a_callback_does_not_deadlock() {
     let timer = small_timer();
+    // Pending first: scheduled after the callback, it could find the service already
+    // shut down (seen under AddressSanitizer's slowdown).
+    let _pending = timer.schedule(Duration::from_secs(60), || {}).unwrap();
     let (tx, rx) = mpsc::channel();
     let inner = timer.clone();
     timer
@@ -62,7 +65,6 @@ fn shutdown_from_a_callback_does_not_deadlock() {
             tx.send(unfired.len()).unwrap();
         })
         .unwrap();
-    let _pending = timer.schedule(Duration::from_secs(60), || {}).unwrap();
     assert_eq!(rx.recv_timeout(WAIT), Ok(1));
     assert!(timer.shutdown().is_empty());
 }
