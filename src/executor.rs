@@ -113,7 +113,7 @@ const PAYLOAD_DROPS: usize = 8;
 /// of the worker: the payload of that second panic (usually a message) is dropped the
 /// same way, and only after [`PAYLOAD_DROPS`] panicking destructors in a row is the
 /// last payload forgotten.
-fn run_caught<T: Task>(task: T) -> bool {
+pub(crate) fn run_caught<T: Task>(task: T) -> bool {
     let Err(mut payload) = catch_unwind(AssertUnwindSafe(|| task.run())) else {
         return false;
     };

@@ -19,8 +19,9 @@
 //! hierarchical timing wheel ([`wheel::TimingWheel`]'s engine; Varghese & Lauck 1987,
 //! scheme 7) fed through a bounded lock-free MPSC ring. [`TimerHandle::cancel`] is one
 //! compare-and-swap on the entry's state. Each shard advances its wheel to the current
-//! tick, fires due timers, hands their callbacks to a work-stealing pool in batches,
-//! and parks until its next expiry: an idle service makes no wakeups.
+//! tick, fires due timers, hands their callbacks to a work-stealing pool in batches
+//! (or runs them itself, or hands them to your executor: [`Callbacks`]), and parks
+//! until its next expiry: an idle service makes no wakeups.
 //!
 //! Beyond one-shot timers: [`TimerHandle::reset`] moves a pending timer (later is one
 //! atomic store, for keepalives), [`ShardedTimer::schedule_repeating`] runs a callback
@@ -113,6 +114,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod callbacks;
 mod clock;
 #[cfg_attr(
     not(loom),
@@ -170,6 +172,7 @@ mod sync;
 mod timer;
 pub mod wheel;
 
+pub use callbacks::{Callback, Callbacks};
 pub use error::{BuildError, ScheduleError};
 pub use future::{Elapsed, Sleep, Timeout};
 

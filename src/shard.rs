@@ -43,13 +43,13 @@
 #![deny(unsafe_code)]
 
 mod core;
+mod shard_loop;
 
 use std::time::Instant;
 
 use crate::clock::Clock;
 use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
-use crate::executor::{Executor, Task};
-use crate::limit::PendingLimit;
+use crate::executor::Task;
 use crate::ring::{Cursor, Reserve, Ring};
 use crate::stats::{LatenessHistogram, LatenessRecorder};
 use crate::sync::{
@@ -57,7 +57,11 @@ use crate::sync::{
     ThreadSlot,
 };
 
+#[cfg(loom)]
 pub use self::core::{Expired, ShardCore};
+pub(crate) use self::shard_loop::{
+    dispatch_rest_here, is_own_thread, take_own_core, Dispatch, ShardThread,
+};
 
 /// `next_wake` while the shard is running: no producer needs to wake it.
 pub const AWAKE: u64 = 0;
@@ -84,6 +88,33 @@ impl Task for ShardTask {
     }
 }
 
+impl ShardTask {
+    /// The timer's id.
+    pub(crate) fn id(&self) -> crate::id::TimerId {
+        match self {
+            ShardTask::Fired(task) => task.id(),
+            ShardTask::Run(task) => task.running.id(),
+        }
+    }
+
+    /// The tick the timer (or this run) was due at.
+    pub(crate) fn deadline(&self) -> u64 {
+        match self {
+            ShardTask::Fired(task) => task.deadline(),
+            ShardTask::Run(task) => task.running.deadline(),
+        }
+    }
+
+    /// Gives the task up unrun: a one-shot timer's callback is dropped; a repeating
+    /// timer's run is skipped (counted in `skipped`) and the timer goes on.
+    pub(crate) fn cancel_unrun(self) {
+        match self {
+            ShardTask::Fired(task) => drop(task),
+            ShardTask::Run(task) => task.end(false, None),
+        }
+    }
+}
+
 /// One run of a repeating timer, on an executor thread: run the callback, schedule the
 /// next run at the fixed rate (skipping runs whose slots passed), end the run, and
 /// hand the entry back to its shard. A panic is re-raised after that, so the executor
@@ -99,14 +130,24 @@ pub(crate) struct RunTask {
 }
 
 impl RunTask {
-    fn run(self) {
+    fn run(mut self) {
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.running.call()));
+        self.end(true, outcome.err());
+    }
+
+    /// Ends the run (called or not): schedules the next at the fixed rate, counting
+    /// the runs skipped (this one too, if it did not run), and hands the entry back
+    /// to its shard; then re-raises the callback's panic, if any, for the executor to
+    /// count.
+    fn end(self, ran: bool, panic: Option<Box<dyn std::any::Any + Send>>) {
         let RunTask {
             mut running,
             shard,
             clock,
         } = self;
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| running.call()));
         let (next, skipped) = running.schedule_next(Instant::now(), |at| clock.instant_to_tick(at));
+        let skipped = skipped + u64::from(!ran);
         if skipped > 0 {
             // ORDERING: Relaxed: a statistic.
             shard.skipped.fetch_add(skipped, Ordering::Relaxed);
@@ -114,7 +155,7 @@ impl RunTask {
         if let Some(entry) = running.finish() {
             shard.refile_run(entry, next);
         }
-        if let Err(panic) = outcome {
+        if let Some(panic) = panic {
             std::panic::resume_unwind(panic);
         }
     }
@@ -373,8 +414,21 @@ impl ShardShared {
                         self.ring_full_waits
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    self.canary.touch();
-                    self.thread.unpark();
+                    // A callback on this shard's own thread (inline, or a spawner)
+                    // cannot wait for the shard: it takes the rings in itself (a slot
+                    // reserved by another producer and not yet written still waits
+                    // for that producer: hence the back-off either way).
+                    if !shard_loop::drain_own_rings(self) {
+                        // The canary watches message senders, which reach the shard
+                        // through a port and must not outlive its shutdown (ground
+                        // rules). A producer of a new timer holds the service, whose
+                        // `Arc` keeps the shard alive, and may find the ring full just
+                        // before the shard closes it and retires.
+                        if !matches!(wake, Wake::Before(_)) {
+                            self.canary.touch();
+                        }
+                        self.thread.unpark();
+                    }
                     backoff.snooze();
                 }
                 Err(Reserve::Closed) => return Err(value),
@@ -460,106 +514,5 @@ impl CancelSink for ShardShared {
 
     fn send_move(&self, entry: EntryRef) {
         self.send_message(Message::Move(entry), Wake::Always);
-    }
-}
-
-/// The shard thread's own state.
-#[derive(Debug)]
-pub(crate) struct ShardThread {
-    /// The deterministic core.
-    core: ShardCore,
-    /// Ticks ↔ instants.
-    clock: Clock,
-    /// Where fired timers go.
-    executor: Executor<ShardTask>,
-}
-
-impl ShardThread {
-    /// The thread half of a shard.
-    pub(crate) fn new(
-        shared: Arc<ShardShared>,
-        cursors: Cursors,
-        clock: Clock,
-        executor: Executor<ShardTask>,
-        limit: Option<Arc<PendingLimit>>,
-    ) -> Self {
-        ShardThread {
-            core: ShardCore::new(shared, cursors, clock.now_tick(), limit),
-            clock,
-            executor,
-        }
-    }
-
-    /// The shard loop. Returns the timers still pending at shutdown.
-    pub(crate) fn run(mut self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
-        #[cfg(not(loom))]
-        if let Some(core) = pin_to {
-            let _ = core_affinity::set_for_current(core);
-        }
-        #[cfg(loom)]
-        let _ = pin_to;
-        let shared = self.core.shared().clone();
-        let mut fired: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
-        loop {
-            self.core.drain_inserts();
-            self.core.drain_messages();
-            let now_instant = Instant::now();
-            let now = self.clock.tick_of(now_instant);
-            let (executor, clock) = (&self.executor, self.clock);
-            // Lateness: this pass's clock reading less the start of each timer's tick.
-            let now_ns = clock.ns_of(now_instant);
-            let lateness = &shared.stats.lateness;
-            self.core.expire(now, &mut |expired| {
-                let due_ns = expired.deadline().saturating_mul(clock.tick_ns());
-                lateness.record(now_ns.saturating_sub(due_ns));
-                let task = match expired {
-                    Expired::Fired(task) => ShardTask::Fired(task),
-                    Expired::Run(running) => ShardTask::Run(RunTask {
-                        running,
-                        shard: shared.clone(),
-                        clock,
-                    }),
-                };
-                fired.push(task);
-                if fired.len() == FIRE_BATCH {
-                    executor.submit(::core::mem::replace(
-                        &mut fired,
-                        Vec::with_capacity(FIRE_BATCH),
-                    ));
-                }
-            });
-            if !fired.is_empty() {
-                self.executor.submit(::core::mem::replace(
-                    &mut fired,
-                    Vec::with_capacity(FIRE_BATCH),
-                ));
-            }
-            if shared.is_stopping() {
-                break;
-            }
-            self.park_until(self.core.next_expiry());
-        }
-        self.core.shut_down()
-    }
-
-    /// Sleeps until tick `next` (or indefinitely), unless work arrived meanwhile.
-    fn park_until(&self, next: Option<u64>) {
-        let wake = next.unwrap_or(NEVER);
-        let now = self.clock.now_tick();
-        if wake <= now {
-            return;
-        }
-        if self.core.prepare_park(wake) {
-            if wake == NEVER {
-                thread::park();
-            } else {
-                let until = self.clock.tick_to_instant(wake);
-                let now = Instant::now();
-                if until > now {
-                    thread::park_timeout(until - now);
-                }
-            }
-            self.core.shared().wake_up();
-        }
     }
 }

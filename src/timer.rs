@@ -6,6 +6,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::callbacks::{Callbacks, Mode};
 use crate::clock::Clock;
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
@@ -13,9 +14,11 @@ use crate::executor::Executor;
 use crate::handle::{TimerHandle, Unfired};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
-use crate::shard::{ShardShared, ShardTask, ShardThread};
+use crate::shard::{
+    dispatch_rest_here, is_own_thread, take_own_core, Dispatch, ShardShared, ShardTask, ShardThread,
+};
 use crate::stats::{LatenessHistogram, ShardLoad, Stats};
-use crate::sync::{thread, Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Bytes of a thread name that Linux keeps (`TASK_COMM_LEN`, 16, less the NUL).
 const THREAD_NAME_BYTES: usize = 15;
@@ -59,8 +62,8 @@ pub struct Builder {
     shards: Option<usize>,
     /// Length of one tick.
     tick: Duration,
-    /// Number of executor workers.
-    executor_threads: Option<usize>,
+    /// Where callbacks run (`None`: the pool, one thread per core).
+    callbacks: Option<Callbacks>,
     /// Pin shard `k` to core `k`.
     pin_cores: bool,
     /// Bound on pending timers.
@@ -76,7 +79,7 @@ impl Default for Builder {
         Builder {
             shards: None,
             tick: Duration::from_millis(1),
-            executor_threads: None,
+            callbacks: None,
             pin_cores: true,
             max_pending: None,
             ring_capacity: DEFAULT_RING_CAPACITY,
@@ -106,10 +109,20 @@ impl Builder {
         self
     }
 
-    /// Number of threads that run callbacks. Default: the number of available cores.
-    /// `0` makes [`build`](Self::build) fail.
+    /// Number of threads that run callbacks: the short form of
+    /// [`callbacks`](Self::callbacks)`(`[`Callbacks::pool`]`(threads))`. Default: the
+    /// number of available cores. `0` makes [`build`](Self::build) fail.
     pub fn executor_threads(mut self, threads: usize) -> Self {
-        self.executor_threads = Some(threads);
+        self.callbacks = Some(Callbacks::pool(threads));
+        self
+    }
+
+    /// Where callbacks run: the built-in pool ([`Callbacks::pool`], the default, one
+    /// thread per available core), the shard thread that fired them
+    /// ([`Callbacks::inline`]), or an executor of yours ([`Callbacks::spawn`]). The
+    /// last call of this and [`executor_threads`](Self::executor_threads) wins.
+    pub fn callbacks(mut self, callbacks: Callbacks) -> Self {
+        self.callbacks = Some(callbacks);
         self
     }
 
@@ -158,11 +171,15 @@ impl Builder {
     ///   started are stopped and joined first).
     pub fn build(self) -> Result<ShardedTimer, BuildError> {
         let shards = self.shards.unwrap_or_else(available_cores);
-        let workers = self.executor_threads.unwrap_or_else(available_cores);
+        let mode = self.callbacks.clone().unwrap_or_default().0;
+        let workers = match mode {
+            Mode::Pool(threads) => threads,
+            Mode::Inline | Mode::Spawn(_) => 0,
+        };
         if shards == 0 {
             return Err(BuildError::ZeroShards);
         }
-        if workers == 0 {
+        if workers == 0 && matches!(mode, Mode::Pool(_)) {
             return Err(BuildError::ZeroExecutorThreads);
         }
         if self.tick.is_zero() || u64::try_from(self.tick.as_nanos()).is_err() {
@@ -180,9 +197,16 @@ impl Builder {
         let limit = self
             .max_pending
             .map(|limit| Arc::new(PendingLimit::new(limit)));
+        // Inline and spawn run no pool: an executor of no threads, never submitted to.
         let (executor, worker_threads) =
             Executor::<ShardTask>::start(workers, &self.thread_name)
                 .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
+        let callback_panics = Arc::new(AtomicU64::new(0));
+        let dispatch = match mode {
+            Mode::Pool(_) => Dispatch::Pool(executor.clone()),
+            Mode::Inline => Dispatch::Inline(callback_panics.clone()),
+            Mode::Spawn(spawner) => Dispatch::Spawn(spawner, callback_panics.clone()),
+        };
         let cores = if self.pin_cores && !cfg!(loom) {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {
@@ -196,7 +220,7 @@ impl Builder {
                 shard.clone(),
                 cursors,
                 clock,
-                executor.clone(),
+                dispatch.clone(),
                 limit.clone(),
             );
             let pin_to = (cores.len() >= shards).then(|| cores[index]);
@@ -218,7 +242,7 @@ impl Builder {
                     for shard in &shared {
                         shard.request_stop();
                     }
-                    drop(partial.join(&executor, false));
+                    drop(partial.join(&executor, false, None));
                     return Err(BuildError::Spawn {
                         thread: name,
                         source,
@@ -235,6 +259,7 @@ impl Builder {
                 limit,
                 stopped: AtomicBool::new(false),
                 executor,
+                callback_panics,
                 threads: Mutex::new(Some(Threads {
                     shards: shard_threads,
                     workers: worker_threads,
@@ -254,13 +279,23 @@ struct Threads {
 }
 
 impl Threads {
-    /// Joins the shards (already asked to stop), then stops and joins the executor,
-    /// skipping the calling thread if it is one of the workers; that one then runs,
-    /// here, what was handed to the executor and has not run yet (the rest of its own
-    /// batch included). Returns the pending timers.
-    fn join(self, executor: &Executor<ShardTask>, caller_is_worker: bool) -> Vec<EntryRef> {
+    /// Joins the shards (already asked to stop) but the calling thread's own, if it is
+    /// shard `caller_shard`'s (a callback on it: its loop ends once the callback
+    /// returns), then stops and joins the executor, skipping the calling thread if it
+    /// is one of the workers; that one then runs, here, what was handed to the executor
+    /// and has not run yet (the rest of its own batch included). Returns the pending
+    /// timers.
+    fn join(
+        self,
+        executor: &Executor<ShardTask>,
+        caller_is_worker: bool,
+        caller_shard: Option<usize>,
+    ) -> Vec<EntryRef> {
         let mut pending = Vec::new();
-        for shard in self.shards {
+        for (index, shard) in self.shards.into_iter().enumerate() {
+            if caller_shard == Some(index) {
+                continue; // detached: it exits by itself once this callback returns
+            }
             match shard.join() {
                 Ok(unfired) => pending.extend(unfired),
                 Err(panic) => std::panic::resume_unwind(panic),
@@ -291,8 +326,10 @@ struct Inner {
     limit: Option<Arc<PendingLimit>>,
     /// Set when shutdown starts; `schedule` then fails. Written Release, read Acquire.
     stopped: AtomicBool,
-    /// The callback pool.
+    /// The callback pool (no threads with inline or spawned callbacks).
     executor: Executor<ShardTask>,
+    /// Callbacks that panicked inline or in a `Callback` (the pool counts its own).
+    callback_panics: Arc<AtomicU64>,
     /// The threads, taken by the first shutdown.
     threads: Mutex<Option<Threads>>,
     /// The configured tick, for `Debug`.
@@ -310,7 +347,9 @@ impl Inner {
         // misses it is caught by the closed insert ring instead.
         self.stopped.store(true, Ordering::Release);
         let caller_is_worker = self.executor.is_current_worker();
-        let mut guard = if caller_is_worker {
+        // A callback on one of this service's shard threads (inline, or a spawner).
+        let caller_shard = self.shards.iter().position(|shard| is_own_thread(shard));
+        let mut guard = if caller_is_worker || caller_shard.is_some() {
             // A callback calling shutdown while another shutdown waits for that very
             // callback must not block: that shutdown will do the work.
             match self.threads.try_lock() {
@@ -326,7 +365,15 @@ impl Inner {
         for shard in self.shards.iter() {
             shard.request_stop();
         }
-        let mut pending = threads.join(&self.executor, caller_is_worker);
+        // The calling shard cannot be joined: shut its core down here, first, so that
+        // no other shard waits on a ring of it while we join them.
+        let mut pending = match caller_shard {
+            Some(_) => take_own_core()
+                .map(|mut core| core.shut_down())
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        pending.extend(threads.join(&self.executor, caller_is_worker, caller_shard));
         drop(guard);
         // Repeating timers whose run ended after their shard stopped come back too;
         // taking them seals each list (a run ending later cancels its timer).
@@ -352,6 +399,11 @@ impl Inner {
         // user code: the service's own bookkeeping is done by now.
         for entry in sleeps {
             drop(entry.cancel_detached());
+        }
+        // What the calling shard fired with this callback runs (or reaches the
+        // spawner) before `shutdown` returns, as with the pool.
+        if caller_shard.is_some() {
+            dispatch_rest_here();
         }
         unfired
     }
@@ -687,7 +739,9 @@ impl ShardedTimer {
         stats.pending = stats
             .scheduled
             .saturating_sub(stats.fired + stats.cancelled);
-        stats.panicked = self.inner.executor.panicked();
+        // ORDERING: Relaxed: a statistic.
+        stats.panicked =
+            self.inner.executor.panicked() + self.inner.callback_panics.load(Ordering::Relaxed);
         stats.lateness = lateness;
         stats
     }

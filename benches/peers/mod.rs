@@ -16,7 +16,7 @@ mod tokio_timer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sharded_timer::{ShardedTimer, TimerHandle};
+use sharded_timer::{Callbacks, ShardedTimer, TimerHandle};
 
 pub(crate) use heap::HeapTimer;
 pub(crate) use netty::NettyTimer;
@@ -29,6 +29,10 @@ pub(crate) enum Kind {
     Sharded,
     /// sharded-timer with `pin_cores(false)`.
     ShardedUnpinned,
+    /// sharded-timer with `Callbacks::inline()`: callbacks on the shard threads.
+    ShardedInline,
+    /// sharded-timer with its callbacks spawned on a rayon pool (one thread per core).
+    ShardedRayon,
     /// tokio's timer: a `tokio::time::sleep` per timer.
     Tokio,
     /// tokio's timer: a `tokio::time::timeout` around a request per timer.
@@ -54,6 +58,8 @@ impl Kind {
         match self {
             Kind::Sharded => "sharded-timer",
             Kind::ShardedUnpinned => "sharded-unpinned",
+            Kind::ShardedInline => "sharded-inline",
+            Kind::ShardedRayon => "sharded-rayon",
             Kind::Tokio => "tokio",
             Kind::TokioTimeout => "tokio-timeout",
             Kind::Heap => "heap",
@@ -64,7 +70,9 @@ impl Kind {
     /// Bytes of the handle a caller keeps per timer: the peer's own handle type.
     pub(crate) fn handle_size(self) -> usize {
         match self {
-            Kind::Sharded | Kind::ShardedUnpinned => std::mem::size_of::<TimerHandle>(),
+            Kind::Sharded | Kind::ShardedUnpinned | Kind::ShardedInline | Kind::ShardedRayon => {
+                std::mem::size_of::<TimerHandle>()
+            }
             Kind::Tokio | Kind::TokioTimeout => std::mem::size_of::<TokioHandle>(),
             Kind::Heap => std::mem::size_of::<Arc<once::OnceTask>>(),
             Kind::NettyStyle => std::mem::size_of::<Arc<netty::Timeout>>(),
@@ -81,6 +89,29 @@ impl Kind {
                     .build()
                     .expect("sharded-timer starts"),
             ),
+            Kind::ShardedInline => Peer::Sharded(
+                ShardedTimer::builder()
+                    .callbacks(Callbacks::inline())
+                    .build()
+                    .expect("sharded-timer starts"),
+            ),
+            Kind::ShardedRayon => {
+                // `Callbacks::rayon`'s spawn form, written out: the benches build the
+                // library without its `rayon` feature.
+                let pool = Arc::new(
+                    rayon::ThreadPoolBuilder::new()
+                        .build()
+                        .expect("a rayon pool starts"),
+                );
+                Peer::Sharded(
+                    ShardedTimer::builder()
+                        .callbacks(Callbacks::spawn(move |callback| {
+                            pool.spawn(move || callback.run());
+                        }))
+                        .build()
+                        .expect("sharded-timer starts"),
+                )
+            }
             Kind::Tokio => Peer::Tokio(TokioTimer::new(Form::Sleep)),
             Kind::TokioTimeout => Peer::Tokio(TokioTimer::new(Form::Timeout)),
             Kind::Heap => Peer::Heap(HeapTimer::new()),

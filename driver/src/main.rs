@@ -73,6 +73,17 @@ impl Workload {
     ];
 }
 
+/// Where the service runs its callbacks (`--callbacks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CallbackMode {
+    /// The built-in work-stealing pool (`--executor-threads`).
+    Pool,
+    /// On the shard thread that fired them.
+    Inline,
+    /// Spawned on a rayon pool of `--executor-threads` threads.
+    Rayon,
+}
+
 /// Command-line arguments.
 #[derive(Debug, Parser)]
 #[command(
@@ -113,9 +124,12 @@ struct Args {
     /// Shards [default: available cores]
     #[arg(long)]
     shards: Option<usize>,
-    /// Executor threads [default: available cores]
+    /// Executor threads (the pool's, or rayon's) [default: available cores]
     #[arg(long)]
     executor_threads: Option<usize>,
+    /// Where callbacks run
+    #[arg(long, value_enum, default_value_t = CallbackMode::Pool)]
+    callbacks: CallbackMode,
     /// Wheel tick in microseconds
     #[arg(long, default_value_t = 1_000)]
     tick_us: u64,
@@ -179,6 +193,8 @@ pub(crate) struct Common {
     pub(crate) shards: Option<usize>,
     /// Service executor threads.
     executor_threads: Option<usize>,
+    /// Where callbacks run.
+    callbacks: CallbackMode,
     /// Wheel tick.
     pub(crate) tick: Duration,
     /// Pin shards.
@@ -201,9 +217,25 @@ impl Common {
         if let Some(shards) = self.shards {
             builder = builder.shards(shards);
         }
-        if let Some(threads) = self.executor_threads {
-            builder = builder.executor_threads(threads);
-        }
+        let threads = self
+            .executor_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+        builder = match self.callbacks {
+            CallbackMode::Pool => builder.executor_threads(threads),
+            CallbackMode::Inline => builder.callbacks(sharded_timer::Callbacks::inline()),
+            CallbackMode::Rayon => {
+                let prefix = name.to_owned();
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |k| format!("{prefix}-r{k}"))
+                    .build()
+                    .unwrap_or_else(|error| {
+                        eprintln!("error: could not start the rayon pool: {error}");
+                        std::process::exit(2);
+                    });
+                builder.callbacks(sharded_timer::Callbacks::rayon(std::sync::Arc::new(pool)))
+            }
+        };
         match builder.build() {
             Ok(timer) => timer,
             Err(error) => {
@@ -296,6 +328,7 @@ fn main() {
     let common = Common {
         shards: args.shards,
         executor_threads: args.executor_threads,
+        callbacks: args.callbacks,
         tick: Duration::from_micros(args.tick_us.max(1)),
         pin: !args.no_pin,
         time_scale: args.time_scale,
@@ -365,9 +398,17 @@ fn main() {
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let config = format!(
-        "{} shards, {} executor threads, tick {} µs, {}, {} producer threads, time scale {}x, {} cores",
+        "{} shards, callbacks {}, tick {} µs, {}, {} producer threads, time scale {}x, {} cores",
         args.shards.unwrap_or(cores),
-        args.executor_threads.unwrap_or(cores),
+        match args.callbacks {
+            CallbackMode::Inline => "inline".to_owned(),
+            CallbackMode::Pool =>
+                format!("on a pool of {}", args.executor_threads.unwrap_or(cores)),
+            CallbackMode::Rayon => format!(
+                "on rayon, {} threads",
+                args.executor_threads.unwrap_or(cores)
+            ),
+        },
         args.tick_us,
         if common.pin { "pinned" } else { "unpinned" },
         args.producers,

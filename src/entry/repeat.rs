@@ -147,6 +147,11 @@ impl RunningEntry {
             .expect("running entry invariant: not yet finished")
     }
 
+    /// The timer's id.
+    pub fn id(&self) -> crate::id::TimerId {
+        self.entry().id()
+    }
+
     /// The tick this run was due at.
     pub fn deadline(&self) -> u64 {
         self.entry().deadline()

@@ -21,6 +21,11 @@ impl FiredEntry {
         }
     }
 
+    /// The timer's id.
+    pub fn id(&self) -> crate::id::TimerId {
+        self.entry.id()
+    }
+
     /// The tick it was due at.
     pub fn deadline(&self) -> u64 {
         self.entry.deadline()

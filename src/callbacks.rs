@@ -1,0 +1,223 @@
+//! Where callbacks run: [`Callbacks`] chooses, per service, between the built-in
+//! work-stealing pool, the shard thread that fired them (Netty's model), and an
+//! executor of the user's own, which receives each fired timer as a [`Callback`].
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::executor::run_caught;
+use crate::id::TimerId;
+use crate::shard::ShardTask;
+use crate::sync::{Arc, AtomicU64, Ordering};
+
+/// A spawner of [`Callback`]s.
+/// `std`'s `Arc`, also under loom (whose `Arc` cannot hold a `dyn Fn`); it is only
+/// cloned and dropped, never part of a protocol.
+type Spawner = std::sync::Arc<dyn Fn(Callback) + Send + Sync>;
+
+/// Where a service runs its callbacks; give it to
+/// [`Builder::callbacks`](crate::Builder::callbacks).
+///
+/// - [`pool(n)`](Self::pool) (the default, with one thread per available core): a
+///   built-in work-stealing pool of `n` threads. A slow callback delays only the
+///   callbacks queued behind it on that worker; the shards keep time.
+/// - [`inline()`](Self::inline): on the shard thread that fired the timer, in deadline
+///   order, with no hand-off — the fastest way to fire many short callbacks (Netty's
+///   HashedWheelTimer runs its callbacks this way). A slow callback delays every later
+///   timer of that shard, and a callback that blocks stops its shard.
+/// - [`spawn(f)`](Self::spawn): each fired timer is handed to `f` as a [`Callback`]
+///   on the shard thread; `f` sends it to an executor of your own (rayon, tokio's
+///   `spawn_blocking`, a queue) and returns. `f` should be quick: it runs on the shard.
+///
+/// What [`shutdown`](crate::ShardedTimer::shutdown) waits for: with the pool, every
+/// callback already handed to it; inline, every callback already fired (a callback
+/// that calls `shutdown` itself does not wait for itself, and the callbacks fired with
+/// it run before its `shutdown` returns); with a spawner, every fired timer has been
+/// handed to the spawner — but not run: shutdown cannot wait for your executor, and a
+/// `Callback` stays runnable after shutdown and after the service is dropped.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::mpsc;
+/// use std::time::Duration;
+/// use sharded_timer::{Callbacks, ShardedTimer};
+///
+/// // Inline: callbacks run on the shard thread.
+/// let timer = ShardedTimer::builder().callbacks(Callbacks::inline()).build()?;
+/// let (tx, rx) = mpsc::channel();
+/// timer.schedule(Duration::from_millis(1), move || tx.send(()).unwrap())?;
+/// rx.recv_timeout(Duration::from_secs(5))?;
+///
+/// // Your own executor: here a plain channel that a thread of yours drains.
+/// let (queue, callbacks) = mpsc::channel::<sharded_timer::Callback>();
+/// let queue = std::sync::Mutex::new(queue);
+/// let timer = ShardedTimer::builder()
+///     .callbacks(Callbacks::spawn(move |callback| {
+///         let _ = queue.lock().unwrap().send(callback);
+///     }))
+///     .build()?;
+/// timer.schedule(Duration::from_millis(1), || println!("fired"))?;
+/// callbacks.recv_timeout(Duration::from_secs(5))?.run();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Callbacks(pub(crate) Mode);
+
+/// The choice inside [`Callbacks`].
+#[derive(Clone)]
+pub(crate) enum Mode {
+    /// The built-in pool, with this many threads.
+    Pool(usize),
+    /// On the shard thread.
+    Inline,
+    /// Handed to the user's spawner.
+    Spawn(Spawner),
+}
+
+impl Callbacks {
+    /// The built-in work-stealing pool of `threads` threads (the default, with one
+    /// per available core). [`Builder::executor_threads(n)`](crate::Builder::executor_threads)
+    /// is the short form. Zero threads makes [`build`](crate::Builder::build) fail.
+    pub fn pool(threads: usize) -> Callbacks {
+        Callbacks(Mode::Pool(threads))
+    }
+
+    /// Callbacks run on the shard thread that fired them, in deadline order (Netty's
+    /// model): no hand-off, no pool threads. A slow callback delays that shard's later
+    /// timers; panics are caught and counted in
+    /// [`Stats::panicked`](crate::Stats::panicked). `schedule`, `cancel`, `reset` and
+    /// `shutdown` work from inside; `shutdown` there returns every pending timer, the
+    /// calling shard's included, as [`Unfired`](crate::Unfired).
+    pub fn inline() -> Callbacks {
+        Callbacks(Mode::Inline)
+    }
+
+    /// Each fired timer is handed to `spawner` as a [`Callback`], on the shard thread
+    /// that fired it, in deadline order; the spawner sends it where it should run and
+    /// returns. A spawner that panics drops the callback unrun; the panic is caught and
+    /// counted in [`Stats::panicked`](crate::Stats::panicked).
+    pub fn spawn<S>(spawner: S) -> Callbacks
+    where
+        S: Fn(Callback) + Send + Sync + 'static,
+    {
+        Callbacks(Mode::Spawn(std::sync::Arc::new(spawner)))
+    }
+
+    /// The spawn form for a rayon pool: each fired timer is
+    /// [`spawn`](rayon::ThreadPool::spawn)ed on `pool`. Feature `rayon`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use sharded_timer::{Callbacks, ShardedTimer};
+    ///
+    /// let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(2).build()?);
+    /// let timer = ShardedTimer::builder().callbacks(Callbacks::rayon(pool)).build()?;
+    /// let (tx, rx) = std::sync::mpsc::channel();
+    /// timer.schedule(Duration::from_millis(1), move || tx.send(()).unwrap())?;
+    /// rx.recv_timeout(Duration::from_secs(5))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "rayon")]
+    pub fn rayon(pool: std::sync::Arc<rayon::ThreadPool>) -> Callbacks {
+        Callbacks::spawn(move |callback| pool.spawn(move || callback.run()))
+    }
+}
+
+impl Default for Callbacks {
+    /// [`Callbacks::pool`] with one thread per available core.
+    fn default() -> Self {
+        Callbacks::pool(std::thread::available_parallelism().map_or(1, usize::from))
+    }
+}
+
+impl fmt::Debug for Callbacks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Mode::Pool(threads) => f.debug_tuple("Callbacks::pool").field(threads).finish(),
+            Mode::Inline => f.write_str("Callbacks::inline"),
+            Mode::Spawn(_) => f.write_str("Callbacks::spawn(..)"),
+        }
+    }
+}
+
+/// A fired timer, handed to a [`Callbacks::spawn`] spawner: run it where it should run.
+///
+/// [`run`](Self::run) runs the timer's callback on the calling thread, catching a
+/// panic and counting it in its service's [`Stats::panicked`](crate::Stats::panicked).
+/// A `Callback` dropped unrun drops the callback (a repeating timer's run dropped
+/// unrun cancels that timer). It stays runnable after the service shut down or was
+/// dropped; a repeating timer whose run ends then is cancelled (after `shutdown` has
+/// returned) or handed back by that `shutdown` (if it is still collecting).
+pub struct Callback {
+    /// What runs; taken by `run`.
+    task: Option<ShardTask>,
+    /// The timer.
+    id: TimerId,
+    /// The instant of the tick the timer was due at.
+    deadline: Instant,
+    /// The service's count of panicked callbacks.
+    panicked: Arc<AtomicU64>,
+}
+
+impl Callback {
+    /// A fired timer's task.
+    pub(crate) fn new(
+        id: TimerId,
+        deadline: Instant,
+        task: ShardTask,
+        panicked: Arc<AtomicU64>,
+    ) -> Self {
+        Callback {
+            task: Some(task),
+            id,
+            deadline,
+            panicked,
+        }
+    }
+
+    /// Runs the callback here. A panic is caught and counted, never propagated.
+    pub fn run(mut self) {
+        if let Some(task) = self.task.take() {
+            if run_caught(task) {
+                // ORDERING: Relaxed: a statistic.
+                self.panicked.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The timer's id.
+    pub fn id(&self) -> TimerId {
+        self.id
+    }
+
+    /// When the timer was due: its deadline rounded up to the service's tick.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+impl Drop for Callback {
+    fn drop(&mut self) {
+        // Dropped unrun: a one-shot timer's callback is dropped with its task; a
+        // repeating timer's run is ended and the timer cancelled, so it neither
+        // stays pending forever nor runs again.
+        if let Some(task) = self.task.take() {
+            task.cancel_unrun();
+        }
+    }
+}
+
+impl fmt::Debug for Callback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Callback")
+            .field("id", &self.id)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}

@@ -1,0 +1,338 @@
+//! The shard thread: the loop around the core (drain, advance, expire, dispatch,
+//! park), and what code running on the shard thread itself — an inline callback, a
+//! spawner — may do to its own shard: drain its full rings (a callback that schedules
+//! or cancels on its own shard must not wait for itself) and shut it down from inside.
+//!
+//! # Ground rules
+//!
+//! - The core lives in a thread-local (`OWN`) while the loop runs, and the loop holds
+//!   no borrow of it while user code runs: callbacks are dispatched one at a time from
+//!   the `fired` queue, each after the borrow that popped it has ended. So user code on
+//!   this thread can borrow the core: to drain its rings when a push finds one full
+//!   (`drain_own_rings`), or to take it and shut the shard down (`take_own_core`),
+//!   after which the loop finds no core and returns.
+//! - What a turn fired is dispatched before the next turn, in deadline order. A
+//!   shutdown from a callback on this thread dispatches the rest of the queue before it
+//!   returns (`dispatch_rest_here`): fired timers run (inline) or reach the spawner
+//!   before `shutdown` returns, as in the pool.
+//! - The core never runs user code, so a borrow of it is never re-entered.
+
+#![deny(unsafe_code)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::core::{Expired, ShardCore};
+use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH, NEVER};
+use crate::callbacks::Callback;
+use crate::clock::Clock;
+use crate::entry::EntryRef;
+use crate::executor::{run_caught, Executor, Task};
+use crate::limit::PendingLimit;
+use crate::sync::{spin_loop, thread, Arc, AtomicU64, Ordering};
+
+/// A user's spawner.
+/// `std`'s `Arc`, also under loom (whose `Arc` cannot hold a `dyn Fn`); it is only
+/// cloned and dropped, never part of a protocol.
+type Spawner = std::sync::Arc<dyn Fn(Callback) + Send + Sync>;
+
+/// Where a shard sends what fired.
+#[derive(Clone)]
+pub(crate) enum Dispatch {
+    /// Batches to the built-in pool.
+    Pool(Executor<ShardTask>),
+    /// Run here, in order; panics counted in the service's counter.
+    Inline(Arc<AtomicU64>),
+    /// Handed to the spawner here, in order, as `Callback`s counting their panics in
+    /// the service's counter.
+    Spawn(Spawner, Arc<AtomicU64>),
+}
+
+impl core::fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Dispatch::Pool(_) => "Pool",
+            Dispatch::Inline(_) => "Inline",
+            Dispatch::Spawn(..) => "Spawn",
+        })
+    }
+}
+
+impl Dispatch {
+    /// Runs or hands over one fired task on this (the shard's) thread: inline or
+    /// spawn only. A panic, of the callback or of the spawner, is caught and counted.
+    fn one(&self, task: ShardTask, clock: Clock) {
+        match self {
+            Dispatch::Pool(executor) => executor.submit(vec![task]),
+            Dispatch::Inline(panicked) => {
+                if run_caught(task) {
+                    // ORDERING: Relaxed: a statistic.
+                    panicked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Dispatch::Spawn(spawner, panicked) => {
+                let callback = Callback::new(
+                    task.id(),
+                    clock.tick_to_instant(task.deadline()),
+                    task,
+                    panicked.clone(),
+                );
+                if run_caught(SpawnCall(spawner.clone(), callback)) {
+                    // ORDERING: Relaxed: a statistic.
+                    panicked.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// One call of a spawner, as a task so that `run_caught` catches its panic (and its
+/// payload's).
+struct SpawnCall(Spawner, Callback);
+
+impl Task for SpawnCall {
+    fn run(self) {
+        let SpawnCall(spawner, callback) = self;
+        spawner(callback);
+    }
+}
+
+/// What the shard thread keeps where code on its own thread can reach it.
+struct Own {
+    /// The core; `None` once a shutdown from this thread took it.
+    core: Option<ShardCore>,
+    /// How fired timers leave the shard.
+    dispatch: Dispatch,
+    /// Ticks ↔ instants.
+    clock: Clock,
+    /// Fired this turn, not yet dispatched (inline and spawn).
+    fired: VecDeque<ShardTask>,
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The address of the `ShardShared` whose thread this is (0 if none).
+    static OWN_SHARD: Cell<usize> = const { Cell::new(0) };
+    /// That shard's core and queue (ground rules).
+    static OWN: RefCell<Option<Own>> = const { RefCell::new(None) };
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above, per model thread.
+    static OWN_SHARD: Cell<usize> = Cell::new(0);
+    /// As above, per model thread.
+    static OWN: RefCell<Option<Own>> = RefCell::new(None);
+}
+
+/// The address that identifies a shard.
+fn address(shard: &ShardShared) -> usize {
+    shard as *const ShardShared as usize
+}
+
+/// Runs `f` on this thread's `Own`, if this is a shard thread whose loop runs and
+/// nothing on this thread borrows it now.
+fn with_own<R>(f: impl FnOnce(&mut Own) -> R) -> Option<R> {
+    OWN.with(|own| {
+        let mut own = own.try_borrow_mut().ok()?;
+        own.as_mut().map(f)
+    })
+}
+
+/// Whether the calling thread is `shard`'s own thread.
+pub(crate) fn is_own_thread(shard: &ShardShared) -> bool {
+    OWN_SHARD.with(|own| own.get() == address(shard))
+}
+
+/// Called by a push that found one of `shard`'s rings full: if this is that shard's
+/// own thread (a callback on it), takes in everything waiting in both rings, making
+/// room, and returns `true`; otherwise `false` (the caller waits for the shard).
+pub(crate) fn drain_own_rings(shard: &ShardShared) -> bool {
+    if !is_own_thread(shard) {
+        return false;
+    }
+    with_own(|own| {
+        own.core.as_mut().is_some_and(|core| {
+            core.drain_inserts();
+            core.drain_messages();
+            true
+        })
+    })
+    .unwrap_or(false)
+}
+
+/// Takes the calling shard thread's core, for a shutdown started by a callback on it;
+/// the shard loop then returns once that callback does. `None` elsewhere, or if taken.
+pub(crate) fn take_own_core() -> Option<ShardCore> {
+    with_own(|own| own.core.take()).flatten()
+}
+
+/// Dispatches, on the calling shard thread, what its turn fired and has not yet been
+/// dispatched: for a shutdown started by a callback on it (ground rules).
+pub(crate) fn dispatch_rest_here() {
+    while let Some((task, dispatch, clock)) = with_own(|own| {
+        own.fired
+            .pop_front()
+            .map(|task| (task, own.dispatch.clone(), own.clock))
+    })
+    .flatten()
+    {
+        dispatch.one(task, clock);
+    }
+}
+
+/// The shard thread's own state.
+#[derive(Debug)]
+pub(crate) struct ShardThread {
+    /// The deterministic core.
+    core: ShardCore,
+    /// Ticks ↔ instants.
+    clock: Clock,
+    /// Where fired timers go.
+    dispatch: Dispatch,
+}
+
+impl ShardThread {
+    /// The thread half of a shard.
+    pub(crate) fn new(
+        shared: Arc<ShardShared>,
+        cursors: Cursors,
+        clock: Clock,
+        dispatch: Dispatch,
+        limit: Option<Arc<PendingLimit>>,
+    ) -> Self {
+        ShardThread {
+            core: ShardCore::new(shared, cursors, clock.now_tick(), limit),
+            clock,
+            dispatch,
+        }
+    }
+
+    /// The shard loop. Returns the timers still pending at shutdown (none if a
+    /// callback on this thread shut the service down: that shutdown took them).
+    pub(crate) fn run(self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
+        #[cfg(not(loom))]
+        if let Some(core) = pin_to {
+            let _ = core_affinity::set_for_current(core);
+        }
+        #[cfg(loom)]
+        let _ = pin_to;
+        let ShardThread {
+            core,
+            clock,
+            dispatch,
+        } = self;
+        let shared = core.shared().clone();
+        OWN_SHARD.with(|own| own.set(address(&shared)));
+        OWN.with(|own| {
+            *own.borrow_mut() = Some(Own {
+                core: Some(core),
+                dispatch: dispatch.clone(),
+                clock,
+                fired: VecDeque::new(),
+            });
+        });
+        let pool = match &dispatch {
+            Dispatch::Pool(executor) => Some(executor),
+            _ => None,
+        };
+        let mut batch: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
+        let pending = loop {
+            let turned = with_own(|own| {
+                let Own { core, fired, .. } = own;
+                let core = core.as_mut()?;
+                core.drain_inserts();
+                core.drain_messages();
+                let now_instant = Instant::now();
+                let now = clock.tick_of(now_instant);
+                // Lateness: this pass's clock reading less the start of each tick.
+                let now_ns = clock.ns_of(now_instant);
+                let lateness = &shared.stats.lateness;
+                core.expire(now, &mut |expired| {
+                    let due_ns = expired.deadline().saturating_mul(clock.tick_ns());
+                    lateness.record(now_ns.saturating_sub(due_ns));
+                    let task = match expired {
+                        Expired::Fired(task) => ShardTask::Fired(task),
+                        Expired::Run(running) => ShardTask::Run(RunTask {
+                            running,
+                            shard: shared.clone(),
+                            clock,
+                        }),
+                    };
+                    match pool {
+                        Some(executor) => {
+                            batch.push(task);
+                            if batch.len() == FIRE_BATCH {
+                                executor.submit(::core::mem::replace(
+                                    &mut batch,
+                                    Vec::with_capacity(FIRE_BATCH),
+                                ));
+                            }
+                        }
+                        None => fired.push_back(task),
+                    }
+                });
+                Some(())
+            })
+            .flatten();
+            if turned.is_none() {
+                break Vec::new(); // a callback on this thread took the core
+            }
+            match pool {
+                Some(executor) => {
+                    if !batch.is_empty() {
+                        executor.submit(::core::mem::replace(
+                            &mut batch,
+                            Vec::with_capacity(FIRE_BATCH),
+                        ));
+                    }
+                }
+                None => {
+                    // One at a time, no borrow held while user code runs.
+                    while let Some(task) = with_own(|own| own.fired.pop_front()).flatten() {
+                        dispatch.one(task, clock);
+                    }
+                }
+            }
+            if shared.is_stopping() {
+                break take_own_core()
+                    .map(|mut core| core.shut_down())
+                    .unwrap_or_default();
+            }
+            let parked = with_own(|own| own.core.as_ref().map(|core| park_until(core, clock)));
+            if parked.flatten().is_none() {
+                break Vec::new(); // a callback on this thread took the core
+            }
+        };
+        OWN.with(|own| own.borrow_mut().take());
+        OWN_SHARD.with(|own| own.set(0));
+        pending
+    }
+}
+
+/// Sleeps until tick `next` (the core's next expiry; or indefinitely), unless work
+/// arrived meanwhile.
+fn park_until(core: &ShardCore, clock: Clock) {
+    let wake = core.next_expiry().unwrap_or(NEVER);
+    let now = clock.now_tick();
+    if wake <= now {
+        return;
+    }
+    if !core.prepare_park(wake) {
+        // Work arrived; it may be a slot reserved and not yet written, which the next
+        // turn cannot pop until its producer writes it: let the producer run.
+        spin_loop();
+        return;
+    }
+    if wake == NEVER {
+        thread::park();
+    } else {
+        let until = clock.tick_to_instant(wake);
+        let now = Instant::now();
+        if until > now {
+            thread::park_timeout(until - now);
+        }
+    }
+    core.shared().wake_up();
+}
