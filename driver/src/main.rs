@@ -27,6 +27,7 @@ mod peers;
 mod report;
 mod rpc;
 mod soak;
+mod steady;
 mod sweep;
 mod tracker;
 
@@ -58,11 +59,13 @@ enum Workload {
     Backpressure,
     /// `timeout`s around futures on tokio and on a hand-written executor.
     Async,
+    /// Timers due at a steady rate (`--rate`): lateness under constant load.
+    Steady,
 }
 
 impl Workload {
     /// Every workload, in the default order.
-    const ALL: [Workload; 7] = [
+    const ALL: [Workload; 8] = [
         Workload::Keepalive,
         Workload::Rpc,
         Workload::Delayed,
@@ -70,6 +73,7 @@ impl Workload {
         Workload::Heartbeat,
         Workload::Backpressure,
         Workload::Async,
+        Workload::Steady,
     ];
 }
 
@@ -181,6 +185,12 @@ struct Args {
     /// async: timeouts per executor
     #[arg(long, default_value_t = 1_000_000)]
     timeouts: usize,
+    /// steady: timers due per second
+    #[arg(long, default_value_t = 1_000_000.0)]
+    rate: f64,
+    /// steady: seconds of load
+    #[arg(long, default_value_t = 2.0)]
+    steady_s: f64,
     /// Skip the idle-wakeup check
     #[arg(long)]
     no_idle_check: bool,
@@ -452,6 +462,7 @@ fn main() {
                 backpressure::run(&common, args.max_pending, args.offered, 20.0)
             }
             Workload::Async => asynchronous::run(&common, args.timeouts, 30.0),
+            Workload::Steady => steady::run(&common, args.rate, args.steady_s),
         };
         run.workloads.push(result);
     }

@@ -27,6 +27,10 @@ fn driver() -> Command {
         "4000",
         "--timeouts",
         "5000",
+        "--rate",
+        "20000",
+        "--steady-s",
+        "0.5",
         "--no-idle-check",
     ]);
     command
@@ -69,7 +73,8 @@ fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
             "burst",
             "heartbeat",
             "backpressure",
-            "async"
+            "async",
+            "steady"
         ]
     );
     assert!(stdout.contains("rustc "), "{stdout}");
