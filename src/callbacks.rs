@@ -75,6 +75,9 @@ pub(crate) enum Mode {
     Inline,
     /// Handed to the user's spawner.
     Spawn(Spawner),
+    /// Spawned on a rayon pool, in batches.
+    #[cfg(feature = "rayon")]
+    Rayon(std::sync::Arc<rayon::ThreadPool>),
 }
 
 impl Callbacks {
@@ -106,8 +109,12 @@ impl Callbacks {
         Callbacks(Mode::Spawn(std::sync::Arc::new(spawner)))
     }
 
-    /// The spawn form for a rayon pool: each fired timer is
-    /// [`spawn`](rayon::ThreadPool::spawn)ed on `pool`. Feature `rayon`.
+    /// Callbacks run on a rayon pool: what a shard fires in one pass is
+    /// [`spawn`](rayon::ThreadPool::spawn)ed on `pool` in batches of up to 256, each
+    /// batch run in deadline order by one rayon job (one job per timer costs a heap
+    /// job and a wake-up each, which made a burst 25× slower on 16 cores). Otherwise as
+    /// [`spawn`](Self::spawn): panics are caught and counted, and `shutdown` waits for
+    /// the hand-over to rayon, not for the runs. Feature `rayon`.
     ///
     /// # Examples
     ///
@@ -125,7 +132,7 @@ impl Callbacks {
     /// ```
     #[cfg(feature = "rayon")]
     pub fn rayon(pool: std::sync::Arc<rayon::ThreadPool>) -> Callbacks {
-        Callbacks::spawn(move |callback| pool.spawn(move || callback.run()))
+        Callbacks(Mode::Rayon(pool))
     }
 }
 
@@ -142,6 +149,8 @@ impl fmt::Debug for Callbacks {
             Mode::Pool(threads) => f.debug_tuple("Callbacks::pool").field(threads).finish(),
             Mode::Inline => f.write_str("Callbacks::inline"),
             Mode::Spawn(_) => f.write_str("Callbacks::spawn(..)"),
+            #[cfg(feature = "rayon")]
+            Mode::Rayon(_) => f.write_str("Callbacks::rayon(..)"),
         }
     }
 }

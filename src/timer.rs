@@ -175,6 +175,8 @@ impl Builder {
         let workers = match mode {
             Mode::Pool(threads) => threads,
             Mode::Inline | Mode::Spawn(_) => 0,
+            #[cfg(feature = "rayon")]
+            Mode::Rayon(_) => 0,
         };
         if shards == 0 {
             return Err(BuildError::ZeroShards);
@@ -206,6 +208,8 @@ impl Builder {
             Mode::Pool(_) => Dispatch::Pool(executor.clone()),
             Mode::Inline => Dispatch::Inline(callback_panics.clone()),
             Mode::Spawn(spawner) => Dispatch::Spawn(spawner, callback_panics.clone()),
+            #[cfg(feature = "rayon")]
+            Mode::Rayon(pool) => Dispatch::Rayon(pool, callback_panics.clone()),
         };
         let cores = if self.pin_cores && !cfg!(loom) {
             core_affinity::get_core_ids().unwrap_or_default()

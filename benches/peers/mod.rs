@@ -31,8 +31,10 @@ pub(crate) enum Kind {
     ShardedUnpinned,
     /// sharded-timer with `Callbacks::inline()`: callbacks on the shard threads.
     ShardedInline,
-    /// sharded-timer with its callbacks spawned on a rayon pool (one thread per core).
-    ShardedRayon,
+    /// sharded-timer with `Callbacks::spawn`, each callback spawned as its own job on
+    /// a rayon pool (one thread per core): what a user's own spawner costs.
+    /// (`Callbacks::rayon` batches; the driver's `--callbacks rayon` measures it.)
+    ShardedSpawn,
     /// tokio's timer: a `tokio::time::sleep` per timer.
     Tokio,
     /// tokio's timer: a `tokio::time::timeout` around a request per timer.
@@ -59,7 +61,7 @@ impl Kind {
             Kind::Sharded => "sharded-timer",
             Kind::ShardedUnpinned => "sharded-unpinned",
             Kind::ShardedInline => "sharded-inline",
-            Kind::ShardedRayon => "sharded-rayon",
+            Kind::ShardedSpawn => "sharded-spawn",
             Kind::Tokio => "tokio",
             Kind::TokioTimeout => "tokio-timeout",
             Kind::Heap => "heap",
@@ -70,7 +72,7 @@ impl Kind {
     /// Bytes of the handle a caller keeps per timer: the peer's own handle type.
     pub(crate) fn handle_size(self) -> usize {
         match self {
-            Kind::Sharded | Kind::ShardedUnpinned | Kind::ShardedInline | Kind::ShardedRayon => {
+            Kind::Sharded | Kind::ShardedUnpinned | Kind::ShardedInline | Kind::ShardedSpawn => {
                 std::mem::size_of::<TimerHandle>()
             }
             Kind::Tokio | Kind::TokioTimeout => std::mem::size_of::<TokioHandle>(),
@@ -95,9 +97,7 @@ impl Kind {
                     .build()
                     .expect("sharded-timer starts"),
             ),
-            Kind::ShardedRayon => {
-                // `Callbacks::rayon`'s spawn form, written out: the benches build the
-                // library without its `rayon` feature.
+            Kind::ShardedSpawn => {
                 let pool = Arc::new(
                     rayon::ThreadPoolBuilder::new()
                         .build()

@@ -80,6 +80,7 @@ pub(crate) fn run(common: &Common, limit: usize, offered: usize, delay_s: f64) -
         timer.stats().fired >= offered as u64
     });
     let unfired = timer.shutdown();
+    tracker.settle(offered as u64);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
     let (wall, cpu, rss) = meter.stop();

@@ -53,6 +53,7 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
         timer.stats().fired == timers as u64
     });
     drop(timer.shutdown()); // returns once every callback has finished
+    tracker.settle(timers as u64);
     bar.finish_and_clear();
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();

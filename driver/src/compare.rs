@@ -367,7 +367,7 @@ pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareRepo
     let rounds = rounds.max(1);
     let kinds: Vec<Kind> = Kind::ALL
         .into_iter()
-        .chain([Kind::TokioTimeout, Kind::ShardedInline, Kind::ShardedRayon])
+        .chain([Kind::TokioTimeout, Kind::ShardedInline, Kind::ShardedSpawn])
         .filter(|k| only.is_none_or(|o| o.split(',').any(|n| n == k.name())))
         .collect();
     let rpc_rows = median_rows(&kinds, rounds, rpc);

@@ -66,6 +66,7 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
         fired == jobs as u64
     });
     drop(timer.shutdown()); // returns once every callback has finished
+    tracker.settle(jobs as u64);
     bar.finish_and_clear();
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();

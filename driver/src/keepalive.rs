@@ -122,6 +122,7 @@ pub(crate) fn run(
         timer.stats().fired >= connections as u64
     });
     drop(timer.shutdown()); // returns once every callback has finished
+    tracker.settle(connections as u64);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
     let lost = tracker.unfired_in(0..connections);

@@ -129,6 +129,7 @@ pub(crate) fn run(
     // Shutdown returns once every callback has finished: a cancelled request that
     // wrongly fired shows up below as a duplicate, a missing timeout as lost.
     let unfired = timer.shutdown();
+    tracker.settle(expected);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
     let lost = expected.saturating_sub(fired);

@@ -54,6 +54,7 @@ pub(crate) fn run(common: &Common, rate: f64, seconds: f64) -> WorkloadReport {
         timer.stats().fired >= timers as u64
     });
     drop(timer.shutdown());
+    tracker.settle(timers as u64);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
     let (wall, cpu, rss) = meter.stop();

@@ -141,6 +141,21 @@ impl Tracker {
         (histogram, fired)
     }
 
+    /// Waits (up to 30 s) until at least `expected` callbacks have recorded
+    /// themselves. With the pool or inline, `shutdown` already waited for them; with
+    /// `--callbacks rayon` it returns once they are handed to rayon, not run.
+    pub(crate) fn settle(&self, expected: u64) {
+        crate::report::wait_until(std::time::Duration::from_secs(30), || {
+            self.slots
+                .iter()
+                // ORDERING: Relaxed: a progress count; `lateness` reads again after.
+                .map(|slot| slot.load(Ordering::Relaxed))
+                .filter(|&value| value != NOT_FIRED && value != CANCELLED)
+                .count() as u64
+                >= expected
+        });
+    }
+
     /// Timers in `range` that never fired and were not cancelled.
     pub(crate) fn unfired_in(&self, range: std::ops::Range<usize>) -> u64 {
         self.slots[range]

@@ -47,6 +47,9 @@ pub(crate) enum Dispatch {
     /// Handed to the spawner here, in order, as `Callback`s counting their panics in
     /// the service's counter.
     Spawn(Spawner, Arc<AtomicU64>),
+    /// Batches spawned as rayon jobs; panics counted in the service's counter.
+    #[cfg(feature = "rayon")]
+    Rayon(std::sync::Arc<rayon::ThreadPool>, Arc<AtomicU64>),
 }
 
 impl core::fmt::Debug for Dispatch {
@@ -55,16 +58,55 @@ impl core::fmt::Debug for Dispatch {
             Dispatch::Pool(_) => "Pool",
             Dispatch::Inline(_) => "Inline",
             Dispatch::Spawn(..) => "Spawn",
+            #[cfg(feature = "rayon")]
+            Dispatch::Rayon(..) => "Rayon",
         })
     }
 }
 
 impl Dispatch {
-    /// Runs or hands over one fired task on this (the shard's) thread: inline or
-    /// spawn only. A panic, of the callback or of the spawner, is caught and counted.
+    /// Whether fired tasks leave in batches (the pool, rayon) rather than one at a
+    /// time on this thread (inline, a spawner).
+    fn batches(&self) -> bool {
+        match self {
+            Dispatch::Pool(_) => true,
+            #[cfg(feature = "rayon")]
+            Dispatch::Rayon(..) => true,
+            Dispatch::Inline(_) | Dispatch::Spawn(..) => false,
+        }
+    }
+
+    /// Hands over a batch of fired tasks (the pool, rayon).
+    fn submit(&self, batch: Vec<ShardTask>, clock: Clock) {
+        match self {
+            Dispatch::Pool(executor) => executor.submit(batch),
+            #[cfg(feature = "rayon")]
+            Dispatch::Rayon(pool, panicked) => {
+                let panicked = panicked.clone();
+                pool.spawn(move || {
+                    for task in batch {
+                        if run_caught(task) {
+                            // ORDERING: Relaxed: a statistic.
+                            panicked.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+            Dispatch::Inline(_) | Dispatch::Spawn(..) => {
+                for task in batch {
+                    self.one(task, clock);
+                }
+            }
+        }
+    }
+
+    /// Runs or hands over one fired task on this (the shard's) thread. A panic, of
+    /// the callback or of the spawner, is caught and counted.
     fn one(&self, task: ShardTask, clock: Clock) {
         match self {
-            Dispatch::Pool(executor) => executor.submit(vec![task]),
+            Dispatch::Pool(_) => self.submit(vec![task], clock),
+            #[cfg(feature = "rayon")]
+            Dispatch::Rayon(..) => self.submit(vec![task], clock),
             Dispatch::Inline(panicked) => {
                 if run_caught(task) {
                     // ORDERING: Relaxed: a statistic.
@@ -233,10 +275,7 @@ impl ShardThread {
                 fired: VecDeque::new(),
             });
         });
-        let pool = match &dispatch {
-            Dispatch::Pool(executor) => Some(executor),
-            _ => None,
-        };
+        let batches = dispatch.batches();
         let mut batch: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
         let pending = loop {
             let turned = with_own(|own| {
@@ -260,17 +299,16 @@ impl ShardThread {
                             clock,
                         }),
                     };
-                    match pool {
-                        Some(executor) => {
-                            batch.push(task);
-                            if batch.len() == FIRE_BATCH {
-                                executor.submit(::core::mem::replace(
-                                    &mut batch,
-                                    Vec::with_capacity(FIRE_BATCH),
-                                ));
-                            }
+                    if batches {
+                        batch.push(task);
+                        if batch.len() == FIRE_BATCH {
+                            dispatch.submit(
+                                ::core::mem::replace(&mut batch, Vec::with_capacity(FIRE_BATCH)),
+                                clock,
+                            );
                         }
-                        None => fired.push_back(task),
+                    } else {
+                        fired.push_back(task);
                     }
                 });
                 Some(())
@@ -279,20 +317,17 @@ impl ShardThread {
             if turned.is_none() {
                 break Vec::new(); // a callback on this thread took the core
             }
-            match pool {
-                Some(executor) => {
-                    if !batch.is_empty() {
-                        executor.submit(::core::mem::replace(
-                            &mut batch,
-                            Vec::with_capacity(FIRE_BATCH),
-                        ));
-                    }
+            if batches {
+                if !batch.is_empty() {
+                    dispatch.submit(
+                        ::core::mem::replace(&mut batch, Vec::with_capacity(FIRE_BATCH)),
+                        clock,
+                    );
                 }
-                None => {
-                    // One at a time, no borrow held while user code runs.
-                    while let Some(task) = with_own(|own| own.fired.pop_front()).flatten() {
-                        dispatch.one(task, clock);
-                    }
+            } else {
+                // One at a time, no borrow held while user code runs.
+                while let Some(task) = with_own(|own| own.fired.pop_front()).flatten() {
+                    dispatch.one(task, clock);
                 }
             }
             if shared.is_stopping() {
