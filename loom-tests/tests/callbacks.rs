@@ -1,9 +1,10 @@
 //! Model 7: where callbacks run, on the whole service (`src/shard/shard_loop.rs`,
 //! `src/timer.rs`, `src/callbacks.rs`): one shard, rings of 2, no pool.
 //!
-//! First model, inline: a due timer's callback runs on the shard thread, schedules a
-//! timer from there and shuts the service down from there, while the main thread
-//! schedules a due timer and then shuts down too.
+//! First model, inline: a due timer's callback runs on the shard thread, cancels a
+//! far timer (a message into its own shard), schedules a timer from there and shuts
+//! the service down from there, while the main thread schedules a due timer and then
+//! shuts down too.
 //! Asserts: no deadlock (the shard never waits for itself: the shutdown from its own
 //! thread takes its core instead of joining it); every accepted timer ran exactly
 //! once or came back from exactly one of the two shutdowns; nothing leaks.
@@ -74,7 +75,19 @@ fn an_inline_callback_schedules_and_shuts_down_from_its_own_shard() {
         let ran = Arc::new(AtomicUsize::new(0));
         let accepted = Arc::new(AtomicUsize::new(0));
         let came_back = Arc::new(AtomicUsize::new(0));
+        // Far away: the callback cancels it (a message into its own shard's ring).
+        let victim_ran = Arc::new(AtomicUsize::new(0));
+        let victim = {
+            let victim_ran = victim_ran.clone();
+            timer
+                .schedule(Duration::from_secs(3600), move || {
+                    victim_ran.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+        };
+        let victim_cancelled = Arc::new(AtomicUsize::new(0));
         {
+            let (victim, victim_cancelled) = (victim.clone(), victim_cancelled.clone());
             let (inner, ran, accepted, came_back) = (
                 timer.clone(),
                 ran.clone(),
@@ -83,6 +96,9 @@ fn an_inline_callback_schedules_and_shuts_down_from_its_own_shard() {
             );
             let first = timer.schedule_at(past(), move || {
                 trace("callback on the shard thread");
+                if victim.cancel() {
+                    victim_cancelled.fetch_add(1, Ordering::SeqCst);
+                }
                 if schedule_counted(&inner, &ran) {
                     accepted.fetch_add(1, Ordering::SeqCst);
                 }
@@ -109,11 +125,19 @@ fn an_inline_callback_schedules_and_shuts_down_from_its_own_shard() {
         while accepted.load(Ordering::SeqCst) > ran.load(Ordering::SeqCst) {
             thread::yield_now();
         }
+        while victim_cancelled.load(Ordering::SeqCst) + victim_ran.load(Ordering::SeqCst) == 0 {
+            thread::yield_now();
+        }
         drop(timer);
         assert_eq!(
             ran.load(Ordering::SeqCst),
             accepted.load(Ordering::SeqCst),
             "every accepted timer ran (inline, or after coming back) exactly once"
+        );
+        assert_eq!(
+            victim_cancelled.load(Ordering::SeqCst) + victim_ran.load(Ordering::SeqCst),
+            1,
+            "the far timer was cancelled from the callback, or came back and ran: once"
         );
     });
 }
