@@ -401,3 +401,50 @@ fn rayon_runs_the_callbacks_on_its_pool() {
         assert!(name.starts_with("rayon-"), "{name}");
     }
 }
+
+/// Shuts its service down when dropped.
+struct ShutdownOnDrop(Option<ShardedTimer>, mpsc::Sender<usize>);
+
+impl Drop for ShutdownOnDrop {
+    fn drop(&mut self) {
+        if let Some(timer) = self.0.take() {
+            let _ = self.1.send(timer.shutdown().len());
+        }
+    }
+}
+
+/// Panics when dropped.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        panic!("a capture panics on drop, on purpose");
+    }
+}
+
+#[test]
+fn inline_captures_that_panic_or_shut_down_when_dropped_are_survived() {
+    let timer = service(1, Callbacks::inline());
+    let capture = PanicOnDrop;
+    timer
+        .schedule(Duration::ZERO, move || {
+            let _held = &capture;
+        })
+        .unwrap();
+    assert!(wait_until(WAIT, || timer.stats().panicked == 1));
+    let _pending = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+    support::wait_filed(&timer, 2);
+    let (tx, rx) = mpsc::channel();
+    let capture = ShutdownOnDrop(Some(timer.clone()), tx);
+    timer
+        .schedule(Duration::from_millis(1), move || {
+            let _held = &capture;
+        })
+        .unwrap();
+    assert_eq!(
+        rx.recv_timeout(WAIT),
+        Ok(1),
+        "the capture's drop, on the shard thread, shut the service down and got the pending timer back"
+    );
+    assert!(timer.shutdown().is_empty());
+}
