@@ -241,7 +241,7 @@ pub(crate) fn run(common: &Common, requests: usize, timeout_s: f64) -> WorkloadR
     let hand_rate = on_hand_written(&timer, requests, timeout, ours);
     let peer_rate = on_tokio(&timer, Flavor::Tokio, requests, workers, timeout, theirs);
     drop(timer.shutdown());
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let mut histogram = crate::report::histogram();
     for &late in ours
         .lateness
@@ -268,11 +268,9 @@ pub(crate) fn run(common: &Common, requests: usize, timeout_s: f64) -> WorkloadR
         early: count(ours, |o| &o.early),
         lost,
         duplicated: count(ours, |o| &o.wrong) + (elapsed + completed).saturating_sub(2 * requests as u64),
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 0,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes: vec![
             format!(
                 "{requests} timeouts ({timeout:?}) around replies, 1 in {NEVER_EVERY} never answered: tokio runtime ({workers} workers), one task each: {:.2} M/s; hand-written executor, 1 thread: {:.2} M/s",

@@ -83,7 +83,7 @@ pub(crate) fn run(common: &Common, limit: usize, offered: usize, delay_s: f64) -
     tracker.settle(offered as u64);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let lost = tracker.unfired_in(0..offered) + u64::from(!refused_at_limit);
     WorkloadReport {
         name: "backpressure",
@@ -96,11 +96,9 @@ pub(crate) fn run(common: &Common, limit: usize, offered: usize, delay_s: f64) -
         early,
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 16,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes: vec![format!(
             "max_pending {limit}: the {}-th pending timer {}; {offered} offered, {refusals} refusals retried as room freed, {fired} fired, {} left at shutdown",
             limit + 1,

@@ -62,7 +62,7 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     let drain = Duration::from_micros(lateness.max.max(1));
     let rate = fired as f64 / drain.as_secs_f64();
     let lost = if all_fired { 0 } else { timers as u64 - fired };
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     notes.push(format!(
         "{timers} timers due in one tick: all ran within {:.1} ms of the deadline ({:.2} M timers/s)",
         drain.as_secs_f64() * 1e3,
@@ -81,11 +81,9 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
         early,
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: Some(allocated as f64 / timers as f64),
         capture_bytes: 16,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes,
     }
 }

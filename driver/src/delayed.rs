@@ -75,7 +75,7 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
     } else {
         tracker.unfired_in(0..jobs)
     };
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let mut notes = vec![format!(
         "{jobs} jobs over {:.1} s: scheduled in {:.0} ms, {pending} pending at once, \
          {:.0} bytes allocated per pending job including its 16-byte closure",
@@ -99,11 +99,9 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
         early,
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: Some(allocated as f64 / pending.max(1) as f64),
         capture_bytes: 16,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes,
     }
 }

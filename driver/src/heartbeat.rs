@@ -66,7 +66,7 @@ pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -
     let after_cancel = beats.runs.load(Ordering::Relaxed);
     std::thread::sleep(period * 3);
     let late_runs = beats.runs.load(Ordering::Relaxed) - after_cancel;
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let runs = beats.runs.load(Ordering::Relaxed);
     let skipped = timer.stats().skipped;
     // Each timer owes one run per whole period after its first, give or take the one
@@ -91,11 +91,9 @@ pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -
         early: beats.early.load(Ordering::Relaxed),
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 24,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes: vec![format!(
             "{timers} repeating timers every {period:?} for {periods} periods: {runs} runs, {skipped} skipped (a whole period behind), {stopped} stopped by cancel, {late_runs} runs after shutdown; lateness columns: each timer's worst run"
         )],

@@ -126,7 +126,7 @@ pub(crate) fn run(
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
     let lost = tracker.unfired_in(0..connections);
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let busy_expired = busy_expired.load(Ordering::Relaxed);
     let mut notes = vec![format!(
         "{connections} connections ({} busy, {} silent), idle timeout {:.0} ms: {rearms} re-arms ({}) in {:.2} s; {fired} expiries",
@@ -167,11 +167,9 @@ pub(crate) fn run(
         early,
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 32,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes,
     }
 }

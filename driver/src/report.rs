@@ -28,17 +28,14 @@ pub(crate) struct WorkloadReport {
     pub(crate) lost: u64,
     /// Callbacks that ran more than once, or ran although cancelled (must be 0).
     pub(crate) duplicated: u64,
-    /// Peak resident set during the workload, bytes.
-    pub(crate) peak_rss_bytes: Option<u64>,
     /// Allocated bytes per pending timer at the measuring point, including the
     /// callback's captures; and those captures' size.
     pub(crate) bytes_per_pending: Option<f64>,
     /// Size of the workload's callback captures, bytes.
     pub(crate) capture_bytes: usize,
-    /// CPU seconds (user + system) of the whole process during the workload.
-    pub(crate) cpu_seconds: Option<f64>,
-    /// Wall-clock seconds.
-    pub(crate) wall_seconds: f64,
+    /// Wall and CPU time, peak RSS.
+    #[serde(flatten)]
+    pub(crate) process: Readings,
     /// Workload-specific findings, one line each.
     pub(crate) notes: Vec<String>,
 }
@@ -124,6 +121,17 @@ pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
 }
 
+/// What the process used during a workload.
+#[derive(Debug, Serialize, Clone, Copy)]
+pub(crate) struct Readings {
+    /// Wall-clock seconds.
+    pub(crate) wall_seconds: f64,
+    /// CPU seconds (user + system) of the whole process.
+    pub(crate) cpu_seconds: Option<f64>,
+    /// Peak resident set, bytes.
+    pub(crate) peak_rss_bytes: Option<u64>,
+}
+
 /// Process readings taken at the start of a workload.
 pub(crate) struct Meter {
     /// Wall clock at start.
@@ -144,13 +152,15 @@ impl Meter {
     }
 
     /// Wall seconds, CPU seconds and peak RSS since `start`.
-    pub(crate) fn stop(&self) -> (f64, Option<f64>, Option<u64>) {
-        let wall = self.start.elapsed().as_secs_f64();
-        let cpu = match (self.cpu, cpu_seconds()) {
-            (Some(a), Some(b)) => Some(b - a),
-            _ => None,
-        };
-        (wall, cpu, peak_rss_bytes())
+    pub(crate) fn stop(&self) -> Readings {
+        Readings {
+            wall_seconds: self.start.elapsed().as_secs_f64(),
+            cpu_seconds: match (self.cpu, cpu_seconds()) {
+                (Some(a), Some(b)) => Some(b - a),
+                _ => None,
+            },
+            peak_rss_bytes: peak_rss_bytes(),
+        }
     }
 }
 
@@ -272,10 +282,12 @@ pub(crate) fn print_table(run: &RunReport) {
             w.early,
             w.lost,
             w.duplicated,
-            megabytes(w.peak_rss_bytes),
+            megabytes(w.process.peak_rss_bytes),
             w.bytes_per_pending
                 .map_or("n/a".into(), |b| format!("{b:.0}")),
-            w.cpu_seconds.map_or("n/a".into(), |c| format!("{c:.2}")),
+            w.process
+                .cpu_seconds
+                .map_or("n/a".into(), |c| format!("{c:.2}")),
         );
     }
     println!();
@@ -330,10 +342,12 @@ pub(crate) fn print_csv(run: &RunReport) {
             w.early,
             w.lost,
             w.duplicated,
-            w.peak_rss_bytes.map_or(String::new(), |b| b.to_string()),
+            w.process
+                .peak_rss_bytes
+                .map_or(String::new(), |b| b.to_string()),
             field(w.bytes_per_pending),
-            field(w.cpu_seconds),
-            w.wall_seconds,
+            field(w.process.cpu_seconds),
+            w.process.wall_seconds,
             run.machine.cores,
             quote(&run.machine.cpu_model),
             quote(&run.machine.kernel),

@@ -136,7 +136,7 @@ pub(crate) fn run(
     let background_back = unfired.len();
     drop(unfired);
     let lost = lost + (background as u64).saturating_sub(background_back as u64);
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     let peak = peak_allocated.load(Ordering::Relaxed);
     let mb = |bytes: usize| bytes as f64 / 1e6;
     let notes = vec![
@@ -163,11 +163,9 @@ pub(crate) fn run(
         early,
         lost,
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 32,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes,
     }
 }

@@ -57,7 +57,7 @@ pub(crate) fn run(common: &Common, rate: f64, seconds: f64) -> WorkloadReport {
     tracker.settle(timers as u64);
     let (histogram, fired) = tracker.lateness();
     let (early, duplicated) = tracker.violations();
-    let (wall, cpu, rss) = meter.stop();
+    let process = meter.stop();
     WorkloadReport {
         name: "steady",
         rates: Rates {
@@ -70,11 +70,9 @@ pub(crate) fn run(common: &Common, rate: f64, seconds: f64) -> WorkloadReport {
         early,
         lost: tracker.unfired_in(0..timers),
         duplicated,
-        peak_rss_bytes: rss,
         bytes_per_pending: None,
         capture_bytes: 24,
-        cpu_seconds: cpu,
-        wall_seconds: wall,
+        process,
         notes: vec![format!(
             "{timers} timers due {DELAY:?} after scheduling, paced at {:.2} M/s for {seconds} s: lateness from the requested deadline, tick ({:?}) rounding included",
             rate / 1e6,
