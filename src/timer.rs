@@ -603,6 +603,65 @@ impl ShardedTimer {
         })
     }
 
+    /// Runs `f` repeatedly with a fixed delay (Java's `scheduleWithFixedDelay`): the
+    /// first run is due `delay` from now, and each later run `delay` after the previous
+    /// run *returned*, so a slow run pushes the next one back and no run is ever
+    /// skipped or run back to back. Compare [`schedule_repeating`](Self::schedule_repeating),
+    /// whose runs keep a fixed rate.
+    ///
+    /// Everything else is as for `schedule_repeating`: runs never overlap, a panic is
+    /// counted and the timer goes on, [`cancel`](TimerHandle::cancel) stops every later
+    /// run, `reset` returns `false`, a `delay` below the tick runs once per tick, and a
+    /// pending one comes back from [`shutdown`](Self::shutdown) for one last run.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// let timer = sharded_timer::ShardedTimer::new();
+    /// let polls = Arc::new(AtomicUsize::new(0));
+    /// let counter = polls.clone();
+    /// // Poll a backend 2 ms after the previous poll finished, however long it took.
+    /// let poller = timer
+    ///     .schedule_with_fixed_delay(Duration::from_millis(2), move || {
+    ///         counter.fetch_add(1, Ordering::SeqCst);
+    ///     })
+    ///     .unwrap();
+    /// while polls.load(Ordering::SeqCst) < 3 {
+    ///     std::thread::sleep(Duration::from_millis(1));
+    /// }
+    /// assert!(poller.cancel());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule`](Self::schedule).
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn schedule_with_fixed_delay<F>(
+        &self,
+        delay: Duration,
+        f: F,
+    ) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        let delay = delay.max(self.inner.tick);
+        let start = Instant::now();
+        let deadline = match start.checked_add(delay) {
+            Some(first) => self.inner.clock.instant_to_tick(first),
+            None => u64::MAX,
+        };
+        self.enqueue(deadline, |id| {
+            EntryRef::new_fixed_delay(id, deadline, start, delay, f)
+        })
+    }
+
     /// Checks the service is up and has room, makes the entry (`make` gets its id),
     /// routes it by the hash of its id and pushes it to that shard's ring.
     fn enqueue(

@@ -1,4 +1,5 @@
 //! `schedule_repeating`: fixed rate without drift, no overlap, skipped runs counted,
+//! `schedule_with_fixed_delay`: each run a delay after the previous one returned;
 //! panics survived, cancel stops later runs.
 
 mod support;
@@ -7,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sharded_timer::TimerState;
+use sharded_timer::{ShardedTimer, TimerState};
 use support::{small_timer, wait_until, WAIT};
 
 /// Lateness allowed per run on a slow, shared CI machine. It must not grow with the
@@ -244,4 +245,51 @@ fn a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped() {
         wait_until(WAIT, || drops.dropped() == 1),
         "the callback, with its clone of the service, is dropped"
     );
+}
+
+/// With a fixed delay, each run starts at least `delay` after the previous one
+/// returned, however long that run took, in each callback mode; none is skipped.
+#[test]
+fn fixed_delay_runs_start_a_delay_after_the_previous_run_returned() {
+    for callbacks in [
+        sharded_timer::Callbacks::pool(2),
+        sharded_timer::Callbacks::inline(),
+    ] {
+        let timer = ShardedTimer::builder()
+            .shards(2)
+            .callbacks(callbacks)
+            .pin_cores(false)
+            .thread_name("test")
+            .build()
+            .unwrap();
+        let delay = Duration::from_millis(5);
+        let slow = Duration::from_millis(8);
+        // (start, end) of each run.
+        let runs: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+        let record = runs.clone();
+        let scheduled = Instant::now();
+        let handle = timer
+            .schedule_with_fixed_delay(delay, move || {
+                let start = Instant::now();
+                std::thread::sleep(slow);
+                record.lock().unwrap().push((start, Instant::now()));
+            })
+            .unwrap();
+        assert!(wait_until(WAIT, || runs.lock().unwrap().len() >= 5));
+        assert!(handle.cancel());
+        let runs = runs.lock().unwrap().clone();
+        assert!(
+            runs[0].0 >= scheduled + delay,
+            "the first run is due a delay from now"
+        );
+        for pair in runs.windows(2) {
+            let (previous_end, next_start) = (pair[0].1, pair[1].0);
+            assert!(
+                next_start >= previous_end + delay,
+                "a run started {:?} after the previous returned, before the {delay:?} delay",
+                next_start.duration_since(previous_end)
+            );
+        }
+        assert_eq!(timer.stats().skipped, 0, "a fixed delay skips nothing");
+    }
 }

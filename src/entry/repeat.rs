@@ -10,8 +10,9 @@ use crate::sync::Ordering;
 /// Counts a repeating timer's run and returns its next deadline and the runs skipped.
 pub(super) type NextRunFn = unsafe fn(NonNull<Header>, Instant) -> (Option<Instant>, u64);
 
-/// A repeating timer's callback with its fixed-rate schedule: run `n` is due at
-/// `start + n × period`.
+/// A repeating timer's callback with its schedule: at a fixed rate, run `n` is due at
+/// `start + n × period`; with a fixed delay, each run is due `period` after the
+/// previous one returned.
 pub(super) struct Repeat<F> {
     /// The callback.
     f: F,
@@ -21,6 +22,8 @@ pub(super) struct Repeat<F> {
     period: Duration,
     /// The number of the run most recently made (or skipped).
     runs: u64,
+    /// Fixed delay (`ScheduleWithFixedDelay`) rather than fixed rate.
+    fixed_delay: bool,
 }
 
 impl<F> Repeat<F> {
@@ -86,6 +89,12 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
             // SAFETY: exclusive and initialised while RUNNING (the caller's second
             // point), so this is the only reference to the callback.
             let repeat = unsafe { &mut *cell.cast::<Repeat<F>>() };
+            if repeat.fixed_delay {
+                // `now` is when the run returned: the next is due a period later, and
+                // no run is ever skipped.
+                repeat.runs += 1;
+                return (now.checked_add(repeat.period), 0);
+            }
             // The run just made is run `made`; the next is due at `start + next × period`.
             let made = repeat.runs + 1;
             let mut next = made + 1;
@@ -108,7 +117,7 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
 
 impl EntryRef {
     /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
-    /// `start + n × period`: two references, as [`EntryRef::new`].
+    /// `start + n × period` (fixed rate): two references, as [`EntryRef::new`].
     pub fn new_repeating<F: FnMut() + Send + 'static>(
         id: crate::id::TimerId,
         deadline: u64,
@@ -121,6 +130,27 @@ impl EntryRef {
             start,
             period,
             runs: 0,
+            fixed_delay: false,
+        };
+        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
+    }
+
+    /// Allocates a repeating entry, first due at tick `deadline`, each later run due
+    /// `delay` after the previous one returned (fixed delay): two references, as
+    /// [`EntryRef::new`].
+    pub fn new_fixed_delay<F: FnMut() + Send + 'static>(
+        id: crate::id::TimerId,
+        deadline: u64,
+        start: Instant,
+        delay: Duration,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        let repeat = Repeat {
+            f: callback,
+            start,
+            period: delay,
+            runs: 0,
+            fixed_delay: true,
         };
         Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
     }
@@ -237,6 +267,7 @@ mod tests {
             start,
             period: Duration::from_millis(1),
             runs: 0,
+            fixed_delay: false,
         };
         let n = (1u64 << 32) + 5;
         assert_eq!(
