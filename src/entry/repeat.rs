@@ -284,6 +284,7 @@ mod tests {
             start,
             period: Duration::MAX,
             runs: 0,
+            fixed_delay: false,
         };
         assert_eq!(
             long.deadline_of(2),
