@@ -27,6 +27,18 @@ pub(super) struct Repeat<F> {
 }
 
 impl<F> Repeat<F> {
+    /// A schedule with no run made yet: fixed rate from `start`, or, with
+    /// `fixed_delay`, each run `period` after the previous one returned.
+    fn new(f: F, start: Instant, period: Duration, fixed_delay: bool) -> Self {
+        Repeat {
+            f,
+            start,
+            period,
+            runs: 0,
+            fixed_delay,
+        }
+    }
+
     /// The deadline of run `n`, or `None` past what `Instant` holds. Computed in
     /// 128-bit nanoseconds, so any run number works (a 1 ms period passes 2^32 runs
     /// after 49.7 days).
@@ -125,13 +137,7 @@ impl EntryRef {
         period: Duration,
         callback: F,
     ) -> (EntryRef, EntryRef) {
-        let repeat = Repeat {
-            f: callback,
-            start,
-            period,
-            runs: 0,
-            fixed_delay: false,
-        };
+        let repeat = Repeat::new(callback, start, period, false);
         Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
     }
 
@@ -145,13 +151,7 @@ impl EntryRef {
         delay: Duration,
         callback: F,
     ) -> (EntryRef, EntryRef) {
-        let repeat = Repeat {
-            f: callback,
-            start,
-            period: delay,
-            runs: 0,
-            fixed_delay: true,
-        };
+        let repeat = Repeat::new(callback, start, delay, true);
         Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
     }
 }
@@ -262,13 +262,7 @@ mod tests {
     #[test]
     fn run_deadlines_hold_past_two_to_the_32_runs() {
         let start = Instant::now();
-        let repeat = Repeat {
-            f: (),
-            start,
-            period: Duration::from_millis(1),
-            runs: 0,
-            fixed_delay: false,
-        };
+        let repeat = Repeat::new((), start, Duration::from_millis(1), false);
         let n = (1u64 << 32) + 5;
         assert_eq!(
             repeat.deadline_of(n),
@@ -279,13 +273,7 @@ mod tests {
             repeat.deadline_of(u64::MAX),
             start.checked_add(Duration::from_millis(u64::MAX))
         );
-        let long = Repeat {
-            f: (),
-            start,
-            period: Duration::MAX,
-            runs: 0,
-            fixed_delay: false,
-        };
+        let long = Repeat::new((), start, Duration::MAX, false);
         assert_eq!(
             long.deadline_of(2),
             None,
