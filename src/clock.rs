@@ -2,11 +2,18 @@
 //!
 //! A tick is a `u64` count of [`Builder::tick`](crate::Builder::tick) periods since
 //! the process's clock origin (one `Instant` for every service, taken when the first
-//! service starts), so a handle converts its deadline with nothing but the tick length. Deadlines **round up** to a tick and "now" **rounds
+//! service starts), so a handle converts its deadline with nothing but the tick
+//! length; a service driven by a [`ManualClock`] counts from that clock's start
+//! instead (`manual.rs`). Deadlines **round up** to a tick and "now" **rounds
 //! down**, so a timer due at tick `t` is never due before its `Instant`: that rule
 //! keeps "never early".
 
 #![forbid(unsafe_code)]
+
+mod manual;
+
+pub use manual::ManualClock;
+pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
 
 use std::time::{Duration, Instant};
 
@@ -41,8 +48,13 @@ impl Clock {
     /// A clock at the process's [`origin`] whose ticks are `tick_ns` nanoseconds long
     /// (a handle's, from [`tick_ns`](Self::tick_ns)).
     pub(crate) fn at_origin(tick_ns: u64) -> Self {
+        Clock::at(origin(), tick_ns)
+    }
+
+    /// A clock whose tick 0 is `start` and whose ticks are `tick_ns` nanoseconds long.
+    pub(crate) fn at(start: Instant, tick_ns: u64) -> Self {
         Clock {
-            start: origin(),
+            start,
             tick_ns: tick_ns.max(1),
         }
     }
@@ -78,11 +90,6 @@ impl Clock {
     /// past 584 years).
     pub(crate) fn ns_of(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// The current tick, rounded down.
-    pub(crate) fn now_tick(&self) -> u64 {
-        self.tick_of(Instant::now())
     }
 
     /// The `Instant` at which `tick` begins. Ticks beyond what `Instant` can represent

@@ -113,7 +113,8 @@ impl Drop for FinishOnDrop {
 /// and [`ShardedTimer::sleep_until`].
 ///
 /// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer (so a
-/// dropped `Sleep` leaves nothing pending).
+/// dropped `Sleep` leaves nothing pending). It keeps a clone of its service, so that
+/// [`reset`](Sleep::reset) can re-arm it after it completed.
 ///
 /// When the service cannot keep the deadline — it shuts down while the sleep is
 /// pending, or refused the timer ([`ScheduleError::Shutdown`], or
@@ -142,20 +143,28 @@ impl Drop for FinishOnDrop {
 /// ```
 #[must_use = "a Sleep does nothing unless polled, and dropping it cancels its timer"]
 pub struct Sleep {
+    /// The service, to (re-)arm the timer.
+    timer: ShardedTimer,
+    /// The deadline asked for.
+    deadline: Instant,
+    /// The timer, once armed: at creation, or on the first poll for a `Timeout`'s.
+    armed: Option<Armed>,
+}
+
+/// An armed sleep's timer.
+struct Armed {
     /// Shared with the timer's callback.
     shared: Arc<Shared>,
     /// The timer, while it may still fire; `None` if the service refused it.
     handle: Option<TimerHandle>,
     /// Why the service refused the timer, if it did.
     refused: Option<ScheduleError>,
-    /// The deadline asked for.
-    deadline: Instant,
 }
 
-impl Sleep {
-    /// Schedules the sleep's timer on `timer` for `deadline`. A refusal completes the
-    /// sleep at once, with the reason in `refused`.
-    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant) -> Sleep {
+impl Armed {
+    /// Schedules a sleep's timer on `timer` for `deadline`. A refusal completes it at
+    /// once, with the reason in `refused`.
+    fn new(timer: &ShardedTimer, deadline: Instant) -> Armed {
         let shared = Arc::new(Shared::new());
         let guard = FinishOnDrop(shared.clone());
         // If the service refuses the timer, the callback and its guard are dropped,
@@ -167,12 +176,44 @@ impl Sleep {
             Ok(handle) => (Some(handle), None),
             Err(error) => (None, Some(error)),
         };
-        Sleep {
+        Armed {
             shared,
             handle,
             refused,
+        }
+    }
+
+    /// Cancels the timer: frees it at once; a no-op if it already fired.
+    fn disarm(&self) {
+        if let Some(handle) = &self.handle {
+            let _ = handle.cancel();
+        }
+    }
+}
+
+impl Sleep {
+    /// A sleep until `deadline` on `timer`, its timer scheduled now.
+    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant) -> Sleep {
+        Sleep {
+            armed: Some(Armed::new(timer, deadline)),
+            timer: timer.clone(),
             deadline,
         }
+    }
+
+    /// A sleep until `deadline` on `timer` whose timer is scheduled on its first poll
+    /// (a `Timeout`'s, an `Interval`'s), so that one never polled costs no timer.
+    pub(crate) fn unarmed(timer: &ShardedTimer, deadline: Instant) -> Sleep {
+        Sleep {
+            timer: timer.clone(),
+            deadline,
+            armed: None,
+        }
+    }
+
+    /// The service.
+    pub(crate) fn timer(&self) -> &ShardedTimer {
+        &self.timer
     }
 
     /// Why the service could not keep this sleep's deadline: `Some` once the sleep has
@@ -180,13 +221,15 @@ impl Sleep {
     /// it was pending: [`ScheduleError::Shutdown`]); `None` while pending and after it
     /// elapsed.
     pub fn refused(&self) -> Option<ScheduleError> {
-        if self.shared.outcome() != ABANDONED {
+        let armed = self.armed.as_ref()?;
+        if armed.shared.outcome() != ABANDONED {
             return None;
         }
-        Some(self.refused.unwrap_or(ScheduleError::Shutdown))
+        Some(armed.refused.unwrap_or(ScheduleError::Shutdown))
     }
 
-    /// The deadline asked for.
+    /// The deadline asked for (not rounded to the tick): the last
+    /// [`reset`](Self::reset)'s, if any.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -194,7 +237,53 @@ impl Sleep {
     /// Whether the deadline has passed (the timer fired). `false` while pending, and
     /// for a sleep that completed because its service shut down.
     pub fn is_elapsed(&self) -> bool {
-        self.shared.outcome() == ELAPSED
+        self.armed
+            .as_ref()
+            .is_some_and(|armed| armed.shared.outcome() == ELAPSED)
+    }
+
+    /// Moves the deadline to `deadline` and re-arms the sleep, whether or not it has
+    /// completed: it completes again at or after the new deadline (a past one: on the
+    /// next tick). A pending timer is moved in place, in O(1), through its handle's
+    /// [`reset_at`](TimerHandle::reset_at), earlier or later; a completed one is
+    /// replaced by a new timer. Poll the sleep again afterwards (as after tokio's
+    /// `Sleep::reset`): the task is woken only by the re-armed timer.
+    ///
+    /// If the service has shut down, the sleep completes at once as when it is created
+    /// then ([`refused`](Self::refused) says so).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::pin::pin;
+    /// use std::time::Duration;
+    ///
+    /// let timer = sharded_timer::ShardedTimer::new();
+    /// let mut idle = pin!(timer.sleep(Duration::from_secs(30)));
+    /// // A packet arrived: 30 s more from now.
+    /// idle.as_mut().reset(std::time::Instant::now() + Duration::from_secs(30));
+    /// assert!(!idle.is_elapsed());
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
+        let this = self.get_mut();
+        this.deadline = deadline;
+        let Some(armed) = &this.armed else {
+            return; // armed on the first poll, for the new deadline
+        };
+        let moved = armed.shared.outcome() == WAITING
+            && armed
+                .handle
+                .as_ref()
+                .is_some_and(|handle| handle.reset_at(deadline));
+        if moved {
+            return;
+        }
+        armed.disarm();
+        this.armed = Some(Armed::new(&this.timer, deadline));
     }
 }
 
@@ -202,15 +291,19 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.shared.poll_finished(cx)
+        let this = self.get_mut();
+        let armed = match &this.armed {
+            Some(armed) => armed,
+            None => this.armed.insert(Armed::new(&this.timer, this.deadline)),
+        };
+        armed.shared.poll_finished(cx)
     }
 }
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(handle) = &self.handle {
-            // Frees the timer at once; a no-op if it already fired.
-            let _ = handle.cancel();
+        if let Some(armed) = &self.armed {
+            armed.disarm();
         }
     }
 }
@@ -219,6 +312,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
+            .field("armed", &self.armed.is_some())
             .field("elapsed", &self.is_elapsed())
             .finish()
     }
@@ -253,48 +347,63 @@ impl fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
-/// A future that runs `F` with a deadline; made by [`ShardedTimer::timeout`].
-///
-/// Resolves to `Ok(output)` if `F` completes first (a future that is ready at its
-/// first poll passes straight through, even if the deadline is already past), or
-/// `Err(Elapsed)` once the deadline passes. The inner future is boxed, so `Timeout` is
-/// `Unpin` whatever `F` is; it is `Send` when `F` is. Dropping it drops `F` and cancels
-/// the timer. If the service shuts down first, or refused the timer, it resolves to
-/// `Err` at once rather than hang, with [`Elapsed::refused`] saying why (the deadline
-/// has not passed); [`ShardedTimer::try_timeout`] reports a refusal up front instead.
-#[must_use = "a Timeout does nothing unless polled"]
-pub struct Timeout<F> {
-    /// The future under the deadline.
-    future: Pin<Box<F>>,
-    /// The deadline.
-    sleep: Sleep,
+pin_project_lite::pin_project! {
+    /// A future that runs `F` with a deadline; made by [`ShardedTimer::timeout`].
+    ///
+    /// Resolves to `Ok(output)` if `F` completes first (a future that is ready at its
+    /// first poll passes straight through, even if the deadline is already past), or
+    /// `Err(Elapsed)` once the deadline passes. The deadline is fixed when the
+    /// `Timeout` is made; its timer is scheduled lazily, on the first poll at which `F`
+    /// is not ready (as tokio's), so a future that completes on its first poll costs no
+    /// timer at all. `F` is stored inline, not boxed: `Timeout<F>` is `Unpin` exactly
+    /// when `F` is, and `Send` when `F` is. Dropping it drops `F` and cancels the
+    /// timer. If the service shuts down first, or refused the timer, it resolves to
+    /// `Err` at once rather than hang, with [`Elapsed::refused`] saying why (the
+    /// deadline has not passed); [`ShardedTimer::try_timeout`] schedules the timer up
+    /// front and reports a refusal then.
+    #[must_use = "a Timeout does nothing unless polled"]
+    pub struct Timeout<F> {
+        // The future under the deadline.
+        #[pin]
+        future: F,
+        // The deadline; armed on the first poll that needs it.
+        sleep: Sleep,
+    }
 }
 
 impl<F> Timeout<F> {
     /// Wraps `future` with `sleep` as its deadline.
     pub(crate) fn new(future: F, sleep: Sleep) -> Self {
-        Timeout {
-            future: Box::pin(future),
-            sleep,
-        }
+        Timeout { future, sleep }
     }
 
     /// The deadline.
     pub fn deadline(&self) -> Instant {
         self.sleep.deadline()
     }
+
+    /// The future under the deadline.
+    pub fn get_ref(&self) -> &F {
+        &self.future
+    }
+
+    /// Gives up the deadline (cancelling its timer) and returns the future.
+    pub fn into_inner(self) -> F {
+        self.future
+    }
 }
 
 impl<F: Future> Future for Timeout<F> {
     type Output = Result<F::Output, Elapsed>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Poll::Ready(output) = self.future.as_mut().poll(cx) {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        match Pin::new(&mut self.sleep).poll(cx) {
+        match Pin::new(&mut *this.sleep).poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(Elapsed {
-                refused: self.sleep.refused(),
+                refused: this.sleep.refused(),
             })),
             Poll::Pending => Poll::Pending,
         }
@@ -349,7 +458,7 @@ impl ShardedTimer {
     /// As [`try_sleep`](Self::try_sleep).
     pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let sleep = Sleep::new(self, deadline);
-        match sleep.refused {
+        match sleep.armed.as_ref().and_then(|armed| armed.refused) {
             None => Ok(sleep),
             Some(error) => Err(error),
         }
@@ -363,7 +472,10 @@ impl ShardedTimer {
     ///
     /// Never.
     pub fn timeout<F: IntoFuture>(&self, d: std::time::Duration, f: F) -> Timeout<F::IntoFuture> {
-        Timeout::new(f.into_future(), self.sleep(d))
+        Timeout::new(
+            f.into_future(),
+            Sleep::unarmed(self, self.deadline_after(d)),
+        )
     }
 
     /// As [`timeout`](Self::timeout), but a refused timer is an error up front.

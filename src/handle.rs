@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, ManualTime};
 use crate::entry::{CancelPort, EntryRef};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
@@ -37,30 +37,68 @@ pub struct TimerHandle {
     entry: EntryRef,
     /// Where a winning cancel sends its message when the entry is filed.
     port: CancelPort<ShardShared>,
-    /// The service's pending bound, freed by a winning cancel.
-    limit: Option<Arc<PendingLimit>>,
+    /// The service's options that a handle honours, if it has any.
+    options: Option<Arc<HandleOptions>>,
     /// The service's tick length in ns, to convert deadlines between ticks and
-    /// instants (every service's clock starts at the process's origin).
+    /// instants (a service's clock starts at the process's origin, or at its manual
+    /// clock's start).
     tick_ns: u64,
 }
 
+/// What a handle needs of a service configured away from the defaults: the pending
+/// bound that a winning cancel frees, and the manual clock it reads the time from.
+/// A default service has none, so cloning its handles touches no shared count.
+#[derive(Debug, Default)]
+pub(crate) struct HandleOptions {
+    /// The service's pending bound.
+    pub(crate) limit: Option<Arc<PendingLimit>>,
+    /// The service's manual clock.
+    pub(crate) time: Option<Arc<ManualTime>>,
+}
+
+impl HandleOptions {
+    /// The options of a service, or `None` if it has none to honour.
+    pub(crate) fn of(
+        limit: Option<Arc<PendingLimit>>,
+        time: Option<Arc<ManualTime>>,
+    ) -> Option<Arc<HandleOptions>> {
+        (limit.is_some() || time.is_some()).then(|| Arc::new(HandleOptions { limit, time }))
+    }
+}
+
 impl TimerHandle {
-    /// The service's clock, rebuilt from the tick length.
+    /// The service's clock, rebuilt from the tick length (and the manual clock's start).
     fn clock(&self) -> Clock {
-        Clock::at_origin(self.tick_ns)
+        match self.manual_time() {
+            Some(time) => Clock::at(time.start(), self.tick_ns),
+            None => Clock::at_origin(self.tick_ns),
+        }
+    }
+
+    /// The service's manual clock, if it has one.
+    fn manual_time(&self) -> Option<&Arc<ManualTime>> {
+        self.options
+            .as_ref()
+            .and_then(|options| options.time.as_ref())
+    }
+
+    /// The service's now.
+    fn now(&self) -> Instant {
+        self.manual_time()
+            .map_or_else(Instant::now, |time| time.now())
     }
 
     /// Wraps a new timer's handle reference.
     pub(crate) fn new(
         entry: EntryRef,
         shard: &ShardShared,
-        limit: Option<Arc<PendingLimit>>,
+        options: Option<Arc<HandleOptions>>,
         clock: Clock,
     ) -> Self {
         TimerHandle {
             entry,
             port: shard.port(),
-            limit,
+            options,
             tick_ns: clock.tick_ns(),
         }
     }
@@ -88,7 +126,7 @@ impl TimerHandle {
         let Some(callback) = self.entry.cancel(&self.port) else {
             return false;
         };
-        if let Some(limit) = &self.limit {
+        if let Some(limit) = self.options.as_ref().and_then(|o| o.limit.as_ref()) {
             limit.release();
         }
         drop(callback);
@@ -148,7 +186,7 @@ impl TimerHandle {
     ///
     /// Never.
     pub fn reset(&self, delay: std::time::Duration) -> bool {
-        let tick = match Instant::now().checked_add(delay) {
+        let tick = match self.now().checked_add(delay) {
             Some(deadline) => self.clock().instant_to_tick(deadline),
             None => u64::MAX,
         };

@@ -143,6 +143,7 @@ mod executor;
 mod future;
 mod handle;
 mod id;
+mod interval;
 #[cfg_attr(
     not(loom),
     allow(
@@ -173,8 +174,10 @@ mod timer;
 pub mod wheel;
 
 pub use callbacks::{Callback, Callbacks};
+pub use clock::ManualClock;
 pub use error::{BuildError, ScheduleError};
 pub use future::{Elapsed, Sleep, Timeout};
+pub use interval::{Interval, MissedTickBehavior};
 
 /// What the loom models in `loom-tests/` drive: the ring, the entry state machine,
 /// a shard's rings and park handshake, and the executor. Compiled only under

@@ -45,9 +45,7 @@
 mod core;
 mod shard_loop;
 
-use std::time::Instant;
-
-use crate::clock::Clock;
+use crate::clock::{BatchMark, Clock, TimeSource};
 use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
 use crate::executor::Task;
 use crate::ring::{Cursor, Reserve, Ring};
@@ -77,6 +75,8 @@ pub(crate) enum ShardTask {
     Fired(FiredEntry),
     /// One run of a repeating timer.
     Run(RunTask),
+    /// One end of a pool batch under a manual clock (`src/clock/manual.rs`).
+    Mark(BatchMark),
 }
 
 impl Task for ShardTask {
@@ -84,24 +84,18 @@ impl Task for ShardTask {
         match self {
             ShardTask::Fired(task) => task.run(),
             ShardTask::Run(task) => task.run(),
+            ShardTask::Mark(mark) => mark.run(),
         }
     }
 }
 
 impl ShardTask {
-    /// The timer's id.
-    pub(crate) fn id(&self) -> crate::id::TimerId {
+    /// The timer's id and the tick it (or this run) was due at; `None` for a mark.
+    pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, u64)> {
         match self {
-            ShardTask::Fired(task) => task.id(),
-            ShardTask::Run(task) => task.running.id(),
-        }
-    }
-
-    /// The tick the timer (or this run) was due at.
-    pub(crate) fn deadline(&self) -> u64 {
-        match self {
-            ShardTask::Fired(task) => task.deadline(),
-            ShardTask::Run(task) => task.running.deadline(),
+            ShardTask::Fired(task) => Some((task.id(), task.deadline())),
+            ShardTask::Run(task) => Some((task.running.id(), task.running.deadline())),
+            ShardTask::Mark(_) => None,
         }
     }
 
@@ -111,6 +105,7 @@ impl ShardTask {
         match self {
             ShardTask::Fired(task) => drop(task),
             ShardTask::Run(task) => task.end(false, None),
+            ShardTask::Mark(mark) => drop(mark),
         }
     }
 }
@@ -146,7 +141,8 @@ impl RunTask {
             shard,
             clock,
         } = self;
-        let (next, skipped) = running.schedule_next(Instant::now(), |at| clock.instant_to_tick(at));
+        let (next, skipped) =
+            running.schedule_next(shard.time.now(), |at| clock.instant_to_tick(at));
         let skipped = skipped + u64::from(!ran);
         if skipped > 0 {
             // ORDERING: Relaxed: a statistic.
@@ -245,6 +241,8 @@ pub struct ShardShared {
     /// Touched by senders, retired by the shard at the end of its shutdown: lets loom
     /// see a sender that reads the shard after its last message (ground rules).
     canary: Canary,
+    /// Where the shard and its repeating timers' runs read the time.
+    pub(crate) time: TimeSource,
 }
 
 /// The consumer cursors of a shard's two rings; they belong to the shard thread.
@@ -270,8 +268,15 @@ enum Wake {
 
 impl ShardShared {
     /// A shard's shared half, with rings of `ring_capacity` slots, and the cursors
-    /// that only its thread may use.
+    /// that only its thread may use; it reads the system's time. (The models' way in;
+    /// the service uses [`with_time`](Self::with_time).)
+    #[cfg(loom)]
     pub fn new(ring_capacity: usize) -> (Arc<ShardShared>, Cursors) {
+        Self::with_time(ring_capacity, TimeSource::System)
+    }
+
+    /// As [`new`](Self::new), reading the time from `time`.
+    pub(crate) fn with_time(ring_capacity: usize, time: TimeSource) -> (Arc<ShardShared>, Cursors) {
         let (insert, insert_seed) = Ring::new(ring_capacity);
         let (messages, messages_seed) = Ring::new(ring_capacity);
         let shared = Arc::new(ShardShared {
@@ -285,6 +290,7 @@ impl ShardShared {
             ring_full_waits: std::sync::atomic::AtomicU64::new(0),
             late: Mutex::new(Late::default()),
             canary: Canary::new(),
+            time,
         });
         let cursors = Cursors {
             insert: insert_seed.cursor(&shared.insert),

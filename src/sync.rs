@@ -22,13 +22,13 @@
 #[cfg(not(loom))]
 pub(crate) use std::sync::{
     atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering},
-    Arc, Condvar, Mutex,
+    Arc, Condvar, Mutex, MutexGuard,
 };
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{
     atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering},
-    Arc, Condvar, Mutex,
+    Arc, Condvar, Mutex, MutexGuard,
 };
 
 pub(crate) use crossbeam_utils::CachePadded;

@@ -7,11 +7,11 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::callbacks::{Callbacks, Mode};
-use crate::clock::Clock;
+use crate::clock::{Clock, ManualClock, ManualTime, TimeSource};
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
-use crate::handle::{TimerHandle, Unfired};
+use crate::handle::{HandleOptions, TimerHandle, Unfired};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
 use crate::shard::{
@@ -72,6 +72,8 @@ pub struct Builder {
     ring_capacity: usize,
     /// Prefix of every thread's name.
     thread_name: String,
+    /// The manual clock to read time from, if any.
+    clock: Option<ManualClock>,
 }
 
 impl Default for Builder {
@@ -84,6 +86,7 @@ impl Default for Builder {
             max_pending: None,
             ring_capacity: DEFAULT_RING_CAPACITY,
             thread_name: "timer".to_owned(),
+            clock: None,
         }
     }
 }
@@ -160,6 +163,15 @@ impl Builder {
         self
     }
 
+    /// Read the time only from `clock` instead of the system's `Instant::now()`: for
+    /// tests, which then move time with [`ManualClock::advance`] instead of sleeping.
+    /// The wheel's tick grid starts at the clock's starting instant. One clock may
+    /// drive several services. Default: the system clock.
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
     /// Starts the service: one thread per shard and the executor's workers.
     ///
     /// # Errors
@@ -195,10 +207,21 @@ impl Builder {
         if self.max_pending == Some(0) {
             return Err(BuildError::ZeroMaxPending);
         }
-        let clock = Clock::new(crate::clock::origin(), self.tick);
+        let manual = self.clock.as_ref().map(|clock| clock.time().clone());
+        let (clock, time) = match &manual {
+            Some(manual) => (
+                Clock::new(manual.start(), self.tick),
+                TimeSource::Manual(manual.clone()),
+            ),
+            None => (
+                Clock::new(crate::clock::origin(), self.tick),
+                TimeSource::System,
+            ),
+        };
         let limit = self
             .max_pending
             .map(|limit| Arc::new(PendingLimit::new(limit)));
+        let handle_options = HandleOptions::of(limit.clone(), manual.clone());
         // Inline and spawn run no pool: an executor of no threads, never submitted to.
         let (executor, worker_threads) =
             Executor::<ShardTask>::start(workers, &self.thread_name)
@@ -219,13 +242,14 @@ impl Builder {
         let mut shared = Vec::with_capacity(shards);
         let mut shard_threads = Vec::with_capacity(shards);
         for index in 0..shards {
-            let (shard, cursors) = ShardShared::new(self.ring_capacity);
+            let (shard, cursors) = ShardShared::with_time(self.ring_capacity, time.clone());
             let shard_thread = ShardThread::new(
                 shard.clone(),
                 cursors,
                 clock,
                 dispatch.clone(),
                 limit.clone(),
+                manual.as_ref().map(ManualTime::register),
             );
             let pin_to = (cores.len() >= shards).then(|| cores[index]);
             let name = thread_name(&self.thread_name, 's', index);
@@ -260,7 +284,9 @@ impl Builder {
                 exported: std::sync::Mutex::default(),
                 shards: shared.into_boxed_slice(),
                 clock,
+                time,
                 limit,
+                handle_options,
                 stopped: AtomicBool::new(false),
                 executor,
                 callback_panics,
@@ -326,8 +352,12 @@ struct Inner {
     shards: Box<[Arc<ShardShared>]>,
     /// Ticks ↔ instants.
     clock: Clock,
+    /// Where the service reads the time.
+    time: TimeSource,
     /// The pending bound, if configured.
     limit: Option<Arc<PendingLimit>>,
+    /// What every handle keeps of the options (`None` on a default service).
+    handle_options: Option<Arc<HandleOptions>>,
     /// Set when shutdown starts; `schedule` then fails. Written Release, read Acquire.
     stopped: AtomicBool,
     /// The callback pool (no threads with inline or spawned callbacks).
@@ -488,7 +518,7 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        let tick = match Instant::now().checked_add(delay) {
+        let tick = match self.now().checked_add(delay) {
             Some(deadline) => self.inner.clock.instant_to_tick(deadline),
             None => u64::MAX,
         };
@@ -593,7 +623,7 @@ impl ShardedTimer {
         F: FnMut() + Send + 'static,
     {
         let period = period.max(self.inner.tick);
-        let start = Instant::now();
+        let start = self.now();
         let deadline = match start.checked_add(period) {
             Some(first) => self.inner.clock.instant_to_tick(first),
             None => u64::MAX,
@@ -652,7 +682,7 @@ impl ShardedTimer {
         F: FnMut() + Send + 'static,
     {
         let delay = delay.max(self.inner.tick);
-        let start = Instant::now();
+        let start = self.now();
         let deadline = match start.checked_add(delay) {
             Some(first) => self.inner.clock.instant_to_tick(first),
             None => u64::MAX,
@@ -698,15 +728,25 @@ impl ShardedTimer {
         Ok(TimerHandle::new(
             handle_ref,
             shard,
-            inner.limit.clone(),
+            inner.handle_options.clone(),
             inner.clock,
         ))
+    }
+
+    /// The service's now: `Instant::now()`, or its manual clock's.
+    pub(crate) fn now(&self) -> Instant {
+        self.inner.time.now()
+    }
+
+    /// The service's tick.
+    pub(crate) fn tick(&self) -> Duration {
+        self.inner.tick
     }
 
     /// The instant `delay` from now, saturating (like `schedule`) to the service's
     /// far-future instant when it does not fit.
     pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
-        Instant::now()
+        self.now()
             .checked_add(delay)
             .unwrap_or_else(|| self.inner.clock.tick_to_instant(u64::MAX))
     }

@@ -26,7 +26,7 @@ use std::time::Instant;
 use super::core::{Expired, ShardCore};
 use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH, NEVER};
 use crate::callbacks::Callback;
-use crate::clock::Clock;
+use crate::clock::{Clock, TimeSource, TurnSlot};
 use crate::entry::EntryRef;
 use crate::executor::{run_caught, Executor, Task};
 use crate::limit::PendingLimit;
@@ -114,12 +114,12 @@ impl Dispatch {
                 }
             }
             Dispatch::Spawn(spawner, panicked) => {
-                let callback = Callback::new(
-                    task.id(),
-                    clock.tick_to_instant(task.deadline()),
-                    task,
-                    panicked.clone(),
-                );
+                let Some((id, deadline)) = task.timer() else {
+                    task.run(); // a batch mark: never handed to a spawner
+                    return;
+                };
+                let callback =
+                    Callback::new(id, clock.tick_to_instant(deadline), task, panicked.clone());
                 if run_caught(SpawnCall(spawner.clone(), callback)) {
                     // ORDERING: Relaxed: a statistic.
                     panicked.fetch_add(1, Ordering::Relaxed);
@@ -233,6 +233,8 @@ pub(crate) struct ShardThread {
     clock: Clock,
     /// Where fired timers go.
     dispatch: Dispatch,
+    /// The shard's place in its manual clock's rounds; `None` on the system clock.
+    turns: Option<TurnSlot>,
 }
 
 impl ShardThread {
@@ -243,11 +245,14 @@ impl ShardThread {
         clock: Clock,
         dispatch: Dispatch,
         limit: Option<Arc<PendingLimit>>,
+        turns: Option<TurnSlot>,
     ) -> Self {
+        let now = clock.tick_of(shared.time.now());
         ShardThread {
-            core: ShardCore::new(shared, cursors, clock.now_tick(), limit),
+            core: ShardCore::new(shared, cursors, now, limit),
             clock,
             dispatch,
+            turns,
         }
     }
 
@@ -264,8 +269,21 @@ impl ShardThread {
             core,
             clock,
             dispatch,
+            turns,
         } = self;
+        if let Some(turns) = &turns {
+            turns.start_on_this_thread();
+        }
         let shared = core.shared().clone();
+        // Under a manual clock, a pool batch is wrapped in the marks that let
+        // `advance` wait for it to run.
+        let hand_over = |batch: Vec<ShardTask>| {
+            let batch = match &turns {
+                Some(turns) => turns.mark_batch(batch, ShardTask::Mark),
+                None => batch,
+            };
+            dispatch.submit(batch, clock);
+        };
         OWN_SHARD.with(|own| own.set(address(&shared)));
         OWN.with(|own| {
             *own.borrow_mut() = Some(Own {
@@ -278,17 +296,20 @@ impl ShardThread {
         let batches = dispatch.batches();
         let mut batch: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
         let pending = loop {
+            let turn = turns.as_ref().map(TurnSlot::begin_turn);
+            let mut fired_any = false;
             let turned = with_own(|own| {
                 let Own { core, fired, .. } = own;
                 let core = core.as_mut()?;
                 core.drain_inserts();
                 core.drain_messages();
-                let now_instant = Instant::now();
+                let now_instant = turn.map_or_else(Instant::now, |turn| turn.now);
                 let now = clock.tick_of(now_instant);
                 // Lateness: this pass's clock reading less the start of each tick.
                 let now_ns = clock.ns_of(now_instant);
                 let lateness = &shared.stats.lateness;
                 core.expire(now, &mut |expired| {
+                    fired_any = true;
                     let due_ns = expired.deadline().saturating_mul(clock.tick_ns());
                     lateness.record(now_ns.saturating_sub(due_ns));
                     let task = match expired {
@@ -302,10 +323,10 @@ impl ShardThread {
                     if batches {
                         batch.push(task);
                         if batch.len() == FIRE_BATCH {
-                            dispatch.submit(
-                                ::core::mem::replace(&mut batch, Vec::with_capacity(FIRE_BATCH)),
-                                clock,
-                            );
+                            hand_over(::core::mem::replace(
+                                &mut batch,
+                                Vec::with_capacity(FIRE_BATCH),
+                            ));
                         }
                     } else {
                         fired.push_back(task);
@@ -319,10 +340,10 @@ impl ShardThread {
             }
             if batches {
                 if !batch.is_empty() {
-                    dispatch.submit(
-                        ::core::mem::replace(&mut batch, Vec::with_capacity(FIRE_BATCH)),
-                        clock,
-                    );
+                    hand_over(::core::mem::replace(
+                        &mut batch,
+                        Vec::with_capacity(FIRE_BATCH),
+                    ));
                 }
             } else {
                 // One at a time, no borrow held while user code runs.
@@ -330,12 +351,19 @@ impl ShardThread {
                     dispatch.one(task, clock);
                 }
             }
+            if let (Some(turns), Some(turn)) = (&turns, turn) {
+                turns.end_turn(turn, fired_any);
+            }
             if shared.is_stopping() {
                 break take_own_core()
                     .map(|mut core| core.shut_down())
                     .unwrap_or_default();
             }
-            let parked = with_own(|own| own.core.as_ref().map(|core| park_until(core, clock)));
+            let parked = with_own(|own| {
+                own.core
+                    .as_ref()
+                    .map(|core| park_until(core, clock, &shared.time))
+            });
             if parked.flatten().is_none() {
                 break Vec::new(); // a callback on this thread took the core
             }
@@ -347,10 +375,11 @@ impl ShardThread {
 }
 
 /// Sleeps until tick `next` (the core's next expiry; or indefinitely), unless work
-/// arrived meanwhile.
-fn park_until(core: &ShardCore, clock: Clock) {
+/// arrived meanwhile. Under a manual clock, indefinitely: nothing comes due until an
+/// `advance`, which unparks the shard.
+fn park_until(core: &ShardCore, clock: Clock, time: &TimeSource) {
     let wake = core.next_expiry().unwrap_or(NEVER);
-    let now = clock.now_tick();
+    let now = clock.tick_of(time.now());
     if wake <= now {
         return;
     }
@@ -360,7 +389,7 @@ fn park_until(core: &ShardCore, clock: Clock) {
         spin_loop();
         return;
     }
-    if wake == NEVER {
+    if wake == NEVER || time.is_manual() {
         thread::park();
     } else {
         let until = clock.tick_to_instant(wake);

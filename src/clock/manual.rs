@@ -1,0 +1,438 @@
+//! [`ManualClock`]: time that tests control. A service built with
+//! [`Builder::clock`](crate::Builder::clock) reads time only from it, and
+//! [`advance`](ManualClock::advance) moves it forward and returns once everything it
+//! made due has fired (and, with the pool or inline callbacks, run).
+//!
+//! # Ground rules
+//!
+//! - **One lock.** The clock's time, the rounds asked for, the shards' answers and the
+//!   pool batches in flight all live in one `Progress` under one mutex, with one
+//!   condition variable the advancer waits on. Every shard turn of a manual-clock
+//!   service takes it twice (to begin and to end the turn): cheap next to a test's
+//!   callbacks, and simple to reason about.
+//! - **Rounds.** `advance` sets the new time, then asks for a *round*: it bumps
+//!   `round` and unparks every shard; a shard reads `round` and the time together when
+//!   it begins a turn and reports that round done when the turn has dispatched what it
+//!   fired (inline callbacks have returned; pool batches are counted in `in_flight`
+//!   before the report). The round is over when every live shard has reported it and
+//!   `in_flight` is zero.
+//! - **Fixed point.** A callback may schedule a timer that is also due; it reaches a
+//!   shard's ring before the callback returns. So `advance` repeats rounds until one in
+//!   which nothing was in flight when it began and no turn fired anything
+//!   (`activity` unchanged): then every callback that ran has returned, every timer
+//!   they scheduled has been taken in by a turn that began after they returned, and
+//!   none of those turns found anything due.
+//! - **No waiting on oneself.** On a thread that runs this clock's callbacks (a shard
+//!   thread, or a pool worker inside a batch), `advance` moves the time and wakes the
+//!   shards but does not wait: the round could not finish before that callback returns.
+//! - Shards register at build time (so a shard whose thread has not started yet is
+//!   still waited for: its first turn reads the round) and leave when their loop ends
+//!   or their thread never starts (`TurnSlot`'s drop), so a shut-down service never
+//!   holds an `advance` up.
+
+#![forbid(unsafe_code)]
+
+use std::cell::Cell;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
+
+/// A clock that moves only when told to, for tests: code with 30-second timeouts is
+/// tested in microseconds, deterministically (as `tokio::time::pause` and `advance`).
+///
+/// `ManualClock::new()` starts frozen at the current `Instant`. Give it to
+/// [`Builder::clock`](crate::Builder::clock): the service then reads time only from
+/// it — `schedule(delay)`, `sleep`, `timeout`, `interval`, repeating timers, resets
+/// and the shards' expiry — and its wheel's tick grid starts at the clock's starting
+/// instant, so a deadline a whole number of ticks away is due exactly then. Its shards
+/// never park on a wall-clock deadline: nothing is due until `advance`. One clock may
+/// drive several services; clones share the time.
+///
+/// Every guarantee keeps its meaning against the manual now: never early, exactly
+/// once, `shutdown` returns what has not fired.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use sharded_timer::{ManualClock, ShardedTimer};
+///
+/// let clock = ManualClock::new();
+/// let timer = ShardedTimer::builder().clock(clock.clone()).build()?;
+/// let fired = Arc::new(AtomicUsize::new(0));
+/// let counter = fired.clone();
+/// timer.schedule(Duration::from_secs(30), move || {
+///     counter.fetch_add(1, Ordering::SeqCst);
+/// })?;
+/// clock.advance(Duration::from_secs(29));
+/// assert_eq!(fired.load(Ordering::SeqCst), 0, "never early");
+/// clock.advance(Duration::from_secs(1));
+/// assert_eq!(fired.load(Ordering::SeqCst), 1, "fired, and its callback returned");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct ManualClock {
+    /// Shared by the clones and the services it drives.
+    time: Arc<ManualTime>,
+}
+
+impl ManualClock {
+    /// A clock frozen at `Instant::now()`.
+    pub fn new() -> ManualClock {
+        ManualClock {
+            time: Arc::new(ManualTime {
+                start: Instant::now(),
+                progress: Mutex::new(Progress::default()),
+                settled: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The clock's current instant: its start plus every `advance` so far.
+    pub fn now(&self) -> Instant {
+        self.time.now()
+    }
+
+    /// Moves the clock forward by `by` at once (as `tokio::time::advance`), then
+    /// returns once every timer of the services it drives that is due at or before the
+    /// new now has fired and, with [`Callbacks::pool`](crate::Callbacks::pool) or
+    /// [`Callbacks::inline`](crate::Callbacks::inline), its callback has returned —
+    /// including timers those callbacks scheduled that are due by then (a deadline
+    /// not after `now()` is due at once), to a fixed point. Callbacks see the new
+    /// `now()`. With [`Callbacks::spawn`](crate::Callbacks::spawn), it returns once
+    /// every due timer has been handed to the spawner.
+    ///
+    /// No wall-clock sleep anywhere: a 30-second timeout fires in microseconds.
+    /// `Duration::ZERO` moves nothing and still runs what is due. A time beyond
+    /// `u64::MAX` nanoseconds from the start saturates.
+    ///
+    /// Called from a callback of a service this clock drives (on its shard thread or
+    /// its pool), it moves the time and wakes the shards but returns without waiting:
+    /// the timers it made due fire once the callback has returned.
+    ///
+    /// # Panics
+    ///
+    /// Never (a shard thread that panicked is not waited for).
+    pub fn advance(&self, by: Duration) {
+        self.time.advance(by);
+    }
+}
+
+impl Default for ManualClock {
+    fn default() -> Self {
+        ManualClock::new()
+    }
+}
+
+impl fmt::Debug for ManualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let progress = self.time.lock();
+        f.debug_struct("ManualClock")
+            .field("elapsed", &Duration::from_nanos(progress.now_ns))
+            .field("shards", &progress.shards.len())
+            .finish()
+    }
+}
+
+/// What a manual clock's clones and services share (ground rules).
+pub(crate) struct ManualTime {
+    /// Time zero of the clock, and tick 0 of the services it drives.
+    start: Instant,
+    /// Everything that moves.
+    progress: Mutex<Progress>,
+    /// Notified when a shard reports a round, leaves, or a pool batch finishes.
+    settled: Condvar,
+}
+
+/// The state under [`ManualTime`]'s lock.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Nanoseconds since `start`.
+    now_ns: u64,
+    /// Rounds asked for so far.
+    round: u64,
+    /// Turns that fired something, so far.
+    activity: u64,
+    /// Pool batches handed over and not yet finished.
+    in_flight: usize,
+    /// The shards of every live service this clock drives.
+    shards: Vec<TurnRecord>,
+    /// The key of the next shard to register.
+    next_key: u64,
+}
+
+/// One shard's answers.
+#[derive(Debug)]
+struct TurnRecord {
+    /// The shard's key.
+    key: u64,
+    /// The last round whose turn this shard has finished.
+    done: u64,
+    /// The shard thread, once its loop has started.
+    thread: Option<thread::Thread>,
+}
+
+impl fmt::Debug for ManualTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManualTime")
+            .field("start", &self.start)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The address of the `ManualTime` whose callbacks this thread is running now (0
+    /// if none): a shard thread of a manual-clock service for its whole loop, a pool
+    /// worker between a batch's `Begin` and `End` marks.
+    static RUNNING_FOR: Cell<usize> = const { Cell::new(0) };
+}
+
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above, per model thread.
+    static RUNNING_FOR: Cell<usize> = Cell::new(0);
+}
+
+impl ManualTime {
+    /// The lock; a poisoned lock is taken over (nothing under it is left half-done by
+    /// a panic: every update is a single assignment).
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This clock's identity, for `RUNNING_FOR`.
+    fn address(&self) -> usize {
+        self as *const ManualTime as usize
+    }
+
+    /// The instant of tick 0 of the services this clock drives.
+    pub(crate) fn start(&self) -> Instant {
+        self.start
+    }
+
+    /// The current instant.
+    pub(crate) fn now(&self) -> Instant {
+        let now_ns = self.lock().now_ns;
+        self.instant_at(now_ns)
+    }
+
+    /// `start` plus `ns`, saturating at a century past the start.
+    fn instant_at(&self, ns: u64) -> Instant {
+        self.start
+            .checked_add(Duration::from_nanos(ns))
+            .or_else(|| {
+                self.start
+                    .checked_add(Duration::from_secs(100 * 365 * 86_400))
+            })
+            .unwrap_or(self.start)
+    }
+
+    /// See [`ManualClock::advance`] and the ground rules.
+    fn advance(&self, by: Duration) {
+        let by_ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let mut progress = self.lock();
+        progress.now_ns = progress.now_ns.saturating_add(by_ns);
+        let waits = RUNNING_FOR.with(Cell::get) != self.address();
+        loop {
+            let activity = progress.activity;
+            let busy = progress.in_flight > 0;
+            progress.round += 1;
+            let round = progress.round;
+            let threads: Vec<thread::Thread> = progress
+                .shards
+                .iter()
+                .filter_map(|shard| shard.thread.clone())
+                .collect();
+            drop(progress);
+            for thread in threads {
+                thread.unpark();
+            }
+            if !waits {
+                return;
+            }
+            progress = self.lock();
+            while progress.in_flight > 0 || progress.shards.iter().any(|shard| shard.done < round) {
+                progress = self
+                    .settled
+                    .wait(progress)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            if !busy && progress.activity == activity {
+                return;
+            }
+        }
+    }
+
+    /// Registers a shard of a service `time` drives; it leaves when the returned slot
+    /// is dropped.
+    pub(crate) fn register(time: &Arc<ManualTime>) -> TurnSlot {
+        let mut progress = time.lock();
+        let key = progress.next_key;
+        progress.next_key += 1;
+        progress.shards.push(TurnRecord {
+            key,
+            done: 0,
+            thread: None,
+        });
+        TurnSlot {
+            time: time.clone(),
+            key,
+        }
+    }
+
+    /// Counts a pool batch handed over to `time`'s service; the returned marks go at
+    /// its two ends.
+    fn batch_handed_over(time: &Arc<ManualTime>) -> (BatchMark, BatchMark) {
+        time.lock().in_flight += 1;
+        (BatchMark::Begin(time.clone()), BatchMark::End(time.clone()))
+    }
+}
+
+/// A shard's place in its clock's rounds, owned by its shard thread; dropping it (the
+/// loop ended, or the thread never started) takes the shard out of every later round.
+#[derive(Debug)]
+pub(crate) struct TurnSlot {
+    /// The clock.
+    time: Arc<ManualTime>,
+    /// This shard's key in `Progress::shards`.
+    key: u64,
+}
+
+/// A turn under way: the round it answers and the time it reads.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Turn {
+    /// The round asked for when the turn began.
+    round: u64,
+    /// The clock's now when the turn began.
+    pub(crate) now: Instant,
+}
+
+impl TurnSlot {
+    /// Called on the shard thread when its loop starts: records the thread for
+    /// `advance` to unpark, and marks the thread as running this clock's callbacks.
+    pub(crate) fn start_on_this_thread(&self) {
+        RUNNING_FOR.with(|running| running.set(self.time.address()));
+        let mut progress = self.time.lock();
+        if let Some(record) = progress.shards.iter_mut().find(|r| r.key == self.key) {
+            record.thread = Some(thread::current());
+        }
+    }
+
+    /// Begins a turn: reads the round asked for and the time together, so a turn that
+    /// answers a round sees the time that round was asked for.
+    pub(crate) fn begin_turn(&self) -> Turn {
+        let progress = self.time.lock();
+        Turn {
+            round: progress.round,
+            now: self.time.instant_at(progress.now_ns),
+        }
+    }
+
+    /// Ends a turn whose fired timers have all been dispatched (pool batches counted
+    /// in flight): reports its round done, and whether it fired anything.
+    pub(crate) fn end_turn(&self, turn: Turn, fired: bool) {
+        let mut progress = self.time.lock();
+        progress.activity += u64::from(fired);
+        if let Some(record) = progress.shards.iter_mut().find(|r| r.key == self.key) {
+            record.done = record.done.max(turn.round);
+        }
+        drop(progress);
+        self.time.settled.notify_all();
+    }
+
+    /// Wraps a pool batch in the marks that count it in flight until it has run.
+    pub(crate) fn mark_batch<T>(&self, batch: Vec<T>, wrap: impl Fn(BatchMark) -> T) -> Vec<T> {
+        let (begin, end) = ManualTime::batch_handed_over(&self.time);
+        let mut marked = Vec::with_capacity(batch.len() + 2);
+        marked.push(wrap(begin));
+        marked.extend(batch);
+        marked.push(wrap(end));
+        marked
+    }
+}
+
+impl Drop for TurnSlot {
+    fn drop(&mut self) {
+        let mut progress = self.time.lock();
+        progress.shards.retain(|record| record.key != self.key);
+        drop(progress);
+        self.time.settled.notify_all();
+        RUNNING_FOR.with(|running| {
+            if running.get() == self.time.address() {
+                running.set(0);
+            }
+        });
+    }
+}
+
+/// The two ends of a pool batch under a manual clock. `Begin`, run first, marks the
+/// worker as running this clock's callbacks; `End`, dropped last (run or not: a pool
+/// that stopped drops it too), unmarks it and counts the batch finished.
+#[derive(Debug)]
+pub(crate) enum BatchMark {
+    /// The first task of a batch.
+    Begin(Arc<ManualTime>),
+    /// The last task of a batch.
+    End(Arc<ManualTime>),
+}
+
+impl BatchMark {
+    /// Runs the mark (its work is in `Drop` for `End`, so that it happens unrun too).
+    pub(crate) fn run(self) {
+        if let BatchMark::Begin(time) = &self {
+            RUNNING_FOR.with(|running| running.set(time.address()));
+        }
+    }
+}
+
+impl Drop for BatchMark {
+    fn drop(&mut self) {
+        if let BatchMark::End(time) = self {
+            RUNNING_FOR.with(|running| {
+                if running.get() == time.address() {
+                    running.set(0);
+                }
+            });
+            let mut progress = time.lock();
+            progress.in_flight -= 1;
+            drop(progress);
+            time.settled.notify_all();
+        }
+    }
+}
+
+/// Where a service reads the time: the system's `Instant::now()` or a [`ManualClock`].
+#[derive(Clone, Debug, Default)]
+pub(crate) enum TimeSource {
+    /// `Instant::now()`.
+    #[default]
+    System,
+    /// A manual clock.
+    Manual(Arc<ManualTime>),
+}
+
+impl TimeSource {
+    /// The current instant.
+    pub(crate) fn now(&self) -> Instant {
+        match self {
+            TimeSource::System => Instant::now(),
+            TimeSource::Manual(time) => time.now(),
+        }
+    }
+
+    /// Whether the time moves only when told to.
+    pub(crate) fn is_manual(&self) -> bool {
+        matches!(self, TimeSource::Manual(_))
+    }
+}
+
+impl ManualClock {
+    /// The shared time, for the builder.
+    pub(crate) fn time(&self) -> &Arc<ManualTime> {
+        &self.time
+    }
+}

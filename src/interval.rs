@@ -1,0 +1,226 @@
+//! [`Interval`]: a stream of ticks on a fixed grid, for async code, with a choice of
+//! what to do about ticks missed while the task was busy ([`MissedTickBehavior`]).
+//!
+//! One [`Sleep`] is re-armed for each tick (in place while it is pending, a new timer
+//! once it has completed), so an interval holds at most one timer at a time, and none
+//! before its first poll.
+
+#![forbid(unsafe_code)]
+
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::{ShardedTimer, Sleep};
+
+/// What an [`Interval`] does when a tick completes late — the task did not poll it
+/// for a while, or the clock jumped (a [`ManualClock`](crate::ManualClock) advanced
+/// several periods at once). Default: [`Skip`](MissedTickBehavior::Skip), as
+/// [`ShardedTimer::schedule_repeating`] does.
+///
+/// Every behaviour yields the `Instant` each tick was *due*, not when it completed. The
+/// timelines below are for `interval(10ms)` made at 0, polled again only at 35 ms
+/// (ticks due at 10, 20 and 30 ms were missed):
+///
+/// | behaviour | ticks yielded at 35 ms | later ticks due at |
+/// | --- | --- | --- |
+/// | `Burst` | 10, 20, 30 (at once) | 40, 50, 60 … |
+/// | `Skip` | 10 | 40, 50, 60 … (the grid is kept) |
+/// | `Delay` | 10 | 45, 55, 65 … (the grid restarts from 35) |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MissedTickBehavior {
+    /// Yield every missed tick, back to back, until caught up; then keep the grid.
+    /// For counting or rate-limiting where each period must be accounted for.
+    Burst,
+    /// Yield the earliest missed tick once, then restart the grid from the time it was
+    /// yielded: the next tick is one period after that. Keeps at least a period between
+    /// a late tick and the next. A tick counts as late here when it completes more
+    /// than one of the service's ticks after it was due (finer lateness is the wheel's
+    /// resolution, not a miss).
+    Delay,
+    /// Yield the earliest missed tick once, then go on with the first grid point after
+    /// now: the grid is kept, the missed points are dropped. For heartbeats and polls,
+    /// where catching up is pointless.
+    #[default]
+    Skip,
+}
+
+impl MissedTickBehavior {
+    /// When the tick after one `due` at `due` comes, observed at `now` (`now ≥ due`),
+    /// for a period of `period` on a service of tick `resolution`.
+    fn next_after(
+        self,
+        due: Instant,
+        now: Instant,
+        period: Duration,
+        resolution: Duration,
+    ) -> Instant {
+        let late = now.saturating_duration_since(due);
+        match self {
+            MissedTickBehavior::Burst => add_saturating(due, period),
+            MissedTickBehavior::Delay if late > resolution => add_saturating(now, period),
+            MissedTickBehavior::Delay => add_saturating(due, period),
+            MissedTickBehavior::Skip => {
+                // The first grid point strictly after now.
+                let periods = late.as_nanos() / period.as_nanos().max(1) + 1;
+                let ahead = u64::try_from(period.as_nanos().saturating_mul(periods))
+                    .map_or(Duration::MAX, Duration::from_nanos);
+                add_saturating(due, ahead)
+            }
+        }
+    }
+}
+
+/// `at + by`, or a century on when that does not fit (it never comes due).
+fn add_saturating(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .or_else(|| at.checked_add(Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(at)
+}
+
+/// Ticks every `period` on a fixed grid; made by [`ShardedTimer::interval`] and
+/// [`ShardedTimer::interval_at`].
+///
+/// [`tick`](Self::tick)`.await` completes at or after each grid point (never early,
+/// against the service's clock) and yields the `Instant` the tick was due. A period
+/// shorter than the service's tick (including zero) is raised to the tick. Missed
+/// ticks are handled as [`set_missed_tick_behavior`](Self::set_missed_tick_behavior)
+/// says (default [`MissedTickBehavior::Skip`]).
+///
+/// If the service shuts down, ticks complete at once from then on, as a [`Sleep`]
+/// does (they do not hang a task); [`is_shut_down`](Self::is_shut_down) says so.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use sharded_timer::{ManualClock, MissedTickBehavior, ShardedTimer};
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     struct Unpark(std::thread::Thread);
+/// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
+/// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
+/// #     let mut cx = std::task::Context::from_waker(&waker);
+/// #     let mut f = std::pin::pin!(f);
+/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } std::thread::park(); }
+/// # }
+///
+/// let clock = ManualClock::new();
+/// let timer = ShardedTimer::builder().clock(clock.clone()).build()?;
+/// let start = clock.now();
+/// let mut every_10ms = timer.interval(Duration::from_millis(10));
+/// every_10ms.set_missed_tick_behavior(MissedTickBehavior::Burst);
+/// assert_eq!(block_on(every_10ms.tick()), start); // the first tick completes at once
+/// clock.advance(Duration::from_millis(25));
+/// assert_eq!(block_on(every_10ms.tick()), start + Duration::from_millis(10));
+/// assert_eq!(block_on(every_10ms.tick()), start + Duration::from_millis(20));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "an Interval does nothing unless its ticks are awaited"]
+pub struct Interval {
+    /// The timer of the next tick, re-armed for each.
+    sleep: Sleep,
+    /// When the next tick is due.
+    next: Instant,
+    /// The grid's spacing.
+    period: Duration,
+    /// What to do about missed ticks.
+    behavior: MissedTickBehavior,
+}
+
+impl Interval {
+    /// An interval on `timer` whose first tick is due at `start`.
+    fn new(timer: &ShardedTimer, start: Instant, period: Duration) -> Interval {
+        Interval {
+            sleep: Sleep::unarmed(timer, start),
+            next: start,
+            period: period.max(timer.tick()),
+            behavior: MissedTickBehavior::default(),
+        }
+    }
+
+    /// Completes at or after the next grid point and yields the `Instant` it was due.
+    /// Cancel-safe: dropping the future before it completes loses no tick.
+    pub fn tick(&mut self) -> impl Future<Output = Instant> + '_ {
+        poll_fn(move |cx| self.poll_tick(cx))
+    }
+
+    /// The poll form of [`tick`](Self::tick), for hand-written futures and streams:
+    /// `Ready(due)` once the next tick is due, otherwise `Pending` with `cx`'s waker
+    /// registered.
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
+        let timer = self.sleep.timer().clone();
+        if self.next > timer.now() {
+            if self.sleep.deadline() != self.next || self.sleep.is_elapsed() {
+                Pin::new(&mut self.sleep).reset(self.next);
+            }
+            if Pin::new(&mut self.sleep).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Elapsed: now ≥ next. Or the service shut down: complete at once.
+        }
+        let due = self.next;
+        self.next = self
+            .behavior
+            .next_after(due, timer.now(), self.period, timer.tick());
+        Poll::Ready(due)
+    }
+
+    /// How missed ticks are handled from now on.
+    pub fn set_missed_tick_behavior(&mut self, behavior: MissedTickBehavior) {
+        self.behavior = behavior;
+    }
+
+    /// How missed ticks are handled.
+    pub fn missed_tick_behavior(&self) -> MissedTickBehavior {
+        self.behavior
+    }
+
+    /// The grid's spacing (at least the service's tick).
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Moves the next tick to one period from now, keeping the period.
+    pub fn reset(&mut self) {
+        let timer = self.sleep.timer().clone();
+        self.next = add_saturating(timer.now(), self.period);
+    }
+
+    /// Whether the service refused the last tick's timer (it shut down): ticks then
+    /// complete at once.
+    pub fn is_shut_down(&self) -> bool {
+        self.sleep.refused().is_some()
+    }
+}
+
+impl fmt::Debug for Interval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Interval")
+            .field("next", &self.next)
+            .field("period", &self.period)
+            .field("behavior", &self.behavior)
+            .finish()
+    }
+}
+
+impl ShardedTimer {
+    /// Ticks every `period`, the first tick completing at once (see [`Interval`]).
+    ///
+    /// # Panics
+    ///
+    /// Never: a zero `period` is raised to the service's tick.
+    pub fn interval(&self, period: Duration) -> Interval {
+        Interval::new(self, self.now(), period)
+    }
+
+    /// Ticks every `period`, the first tick due at `start` (at once if it has passed).
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
+        Interval::new(self, start, period)
+    }
+}
