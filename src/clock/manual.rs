@@ -200,7 +200,22 @@ loom::thread_local! {
 impl ManualTime {
     /// The lock; a poisoned lock is taken over (nothing under it is left half-done by
     /// a panic: every update is a single assignment).
+    ///
+    /// Under loom it is taken by spinning on `try_lock`: shard threads take it and are
+    /// unparked by other threads, and loom turns an unpark that finds a thread blocked
+    /// on a mutex into a wake-up from that mutex (which it then reports as a lock it
+    /// "expected to be able to acquire"). A thread spinning is merely runnable. What
+    /// the unpark was for is not lost either way (see `TurnSlot::before_park`).
     fn lock(&self) -> MutexGuard<'_, Progress> {
+        #[cfg(loom)]
+        loop {
+            match self.progress.try_lock() {
+                Ok(progress) => return progress,
+                Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => loom::thread::yield_now(),
+            }
+        }
+        #[cfg(not(loom))]
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -306,7 +321,7 @@ pub(crate) struct TurnSlot {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Turn {
     /// The round asked for when the turn began.
-    round: u64,
+    pub(crate) round: u64,
     /// The clock's now when the turn began.
     pub(crate) now: Instant,
 }
@@ -330,6 +345,21 @@ impl TurnSlot {
             round: progress.round,
             now: self.time.instant_at(progress.now_ns),
         }
+    }
+
+    /// Before parking: the clock's now, and whether a round later than `answered` (the
+    /// last round a turn of this shard began in) has been asked for — then the shard
+    /// must not park but turn again. One lock, taken last before the park: `advance`
+    /// bumps the round before it unparks, so either this read sees the new round, or
+    /// the unpark comes after it and makes the park return. (Nothing else is locked in
+    /// between: an unpark that finds a thread blocked on a lock does not outlive that
+    /// block under loom, and the shard's own rings' handshake covers the producers.)
+    pub(crate) fn before_park(&self, answered: u64) -> (Instant, bool) {
+        let progress = self.time.lock();
+        (
+            self.time.instant_at(progress.now_ns),
+            progress.round > answered,
+        )
     }
 
     /// Ends a turn whose fired timers have all been dispatched (pool batches counted
@@ -422,11 +452,6 @@ impl TimeSource {
             TimeSource::System => Instant::now(),
             TimeSource::Manual(time) => time.now(),
         }
-    }
-
-    /// Whether the time moves only when told to.
-    pub(crate) fn is_manual(&self) -> bool {
-        matches!(self, TimeSource::Manual(_))
     }
 }
 

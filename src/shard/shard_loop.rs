@@ -26,7 +26,7 @@ use std::time::Instant;
 use super::core::{Expired, ShardCore};
 use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH, NEVER};
 use crate::callbacks::Callback;
-use crate::clock::{Clock, TimeSource, TurnSlot};
+use crate::clock::{Clock, TurnSlot};
 use crate::entry::EntryRef;
 use crate::executor::{run_caught, Executor, Task};
 use crate::limit::PendingLimit;
@@ -294,6 +294,8 @@ impl ShardThread {
             });
         });
         let batches = dispatch.batches();
+        // The last round of the manual clock a turn of this shard began in.
+        let mut answered = 0;
         let mut batch: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
         let pending = loop {
             let turn = turns.as_ref().map(TurnSlot::begin_turn);
@@ -353,6 +355,7 @@ impl ShardThread {
             }
             if let (Some(turns), Some(turn)) = (&turns, turn) {
                 turns.end_turn(turn, fired_any);
+                answered = turn.round;
             }
             if shared.is_stopping() {
                 break take_own_core()
@@ -362,7 +365,7 @@ impl ShardThread {
             let parked = with_own(|own| {
                 own.core
                     .as_ref()
-                    .map(|core| park_until(core, clock, &shared.time))
+                    .map(|core| park_until(core, clock, turns.as_ref(), answered))
             });
             if parked.flatten().is_none() {
                 break Vec::new(); // a callback on this thread took the core
@@ -375,11 +378,22 @@ impl ShardThread {
 }
 
 /// Sleeps until tick `next` (the core's next expiry; or indefinitely), unless work
-/// arrived meanwhile. Under a manual clock, indefinitely: nothing comes due until an
-/// `advance`, which unparks the shard.
-fn park_until(core: &ShardCore, clock: Clock, time: &TimeSource) {
+/// arrived meanwhile. Under a manual clock (`turns`), indefinitely, and not at all if
+/// a round later than `answered` is asked for: nothing comes due until an `advance`,
+/// which unparks the shard.
+fn park_until(core: &ShardCore, clock: Clock, turns: Option<&TurnSlot>, answered: u64) {
     let wake = core.next_expiry().unwrap_or(NEVER);
-    let now = clock.tick_of(time.now());
+    let (now, manual) = match turns {
+        Some(turns) => {
+            let (now, round_asked) = turns.before_park(answered);
+            if round_asked {
+                return;
+            }
+            (now, true)
+        }
+        None => (Instant::now(), false),
+    };
+    let now = clock.tick_of(now);
     if wake <= now {
         return;
     }
@@ -389,7 +403,7 @@ fn park_until(core: &ShardCore, clock: Clock, time: &TimeSource) {
         spin_loop();
         return;
     }
-    if wake == NEVER || time.is_manual() {
+    if wake == NEVER || manual {
         thread::park();
     } else {
         let until = clock.tick_to_instant(wake);
