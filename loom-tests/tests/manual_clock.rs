@@ -27,10 +27,10 @@
 //! branch limit).
 //! Under loom the clock's lock is taken by spinning on `try_lock` (see
 //! `ManualTime::lock`): loom turns an unpark that finds a thread blocked on a mutex
-//! into a wake-up from that mutex and then panics that the lock was not free. Found by
-//! this model's first version, along with a real rule: a shard must not park while a
-//! round is asked for (`TurnSlot::before_park`), since a park token is not a safe place
-//! to keep a request.
+//! into a wake-up from that mutex and then panics that the lock was not free (found
+//! by this model's first version). With it, a shard re-checks for an asked-for round
+//! before it parks (`TurnSlot::before_park`), so no request rests on a park token
+//! alone (std keeps a token across a blocked lock; loom does not).
 //! Command: `RUSTFLAGS="--cfg loom -C debug-assertions=on" CARGO_TARGET_DIR=target/loom
 //! LOOM_MAX_PREEMPTIONS=3 cargo test --release -p loom-tests --test manual_clock`.
 #![cfg(loom)]
