@@ -25,8 +25,14 @@
 //!
 //! Beyond one-shot timers: [`TimerHandle::reset`] moves a pending timer (later is one
 //! atomic store, for keepalives), [`ShardedTimer::schedule_repeating`] runs a callback
-//! at a fixed rate without drift, and [`ShardedTimer::sleep`] / [`ShardedTimer::timeout`]
-//! are futures for any executor.
+//! at a fixed rate without drift, [`ShardedTimer::schedule_with_fixed_delay`] a fixed
+//! delay after each run, and [`ShardedTimer::sleep`] / [`ShardedTimer::timeout`] /
+//! [`ShardedTimer::interval`] are futures for any executor ([`Sleep::reset`],
+//! [`MissedTickBehavior`]).
+//!
+//! For tests, [`Builder::clock`] with a [`ManualClock`] makes a service read time only
+//! from that clock: [`ManualClock::advance`] moves it and returns once everything it
+//! made due has fired, so code with 30-second timeouts is tested in microseconds.
 //!
 //! # Guarantees
 //!

@@ -11,7 +11,7 @@
 //! | executor queues | `crossbeam_deque` | a `Mutex<VecDeque>` stand-in | crossbeam-deque's own lock-freedom (it has its own tests) |
 //! | core pinning | `core_affinity` | not called | — |
 //! | the manual clock's lock (`clock/manual.rs`) | `Mutex::lock` | a spin on loom's `Mutex::try_lock` (loom cannot unpark a thread blocked on a mutex) | nothing of the protocol: the spin is a lock taken |
-| `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
+//! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
 //! | entry allocations | `Box` | `Box` plus a `loom::alloc::Track` in each header | — (leaks are caught) |
 //! | `TimerId` prefix counter (`handle.rs`) | a `std` static atomic | the same `std` static (loom atomics cannot be statics) | nothing: it only keeps ids unique and guards no memory |
 
