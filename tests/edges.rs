@@ -114,6 +114,13 @@ fn public_types_are_send_sync_clone_debug() {
     fn assert_traits<T: Clone + Send + Sync + std::fmt::Debug>() {}
     assert_traits::<ShardedTimer>();
     assert_traits::<sharded_timer::TimerHandle>();
+    assert_traits::<sharded_timer::ManualClock>();
+    fn assert_value<T: Copy + Eq + std::fmt::Debug + Default>() {}
+    assert_value::<sharded_timer::MissedTickBehavior>();
+    fn assert_future<T: Send + Unpin + std::fmt::Debug>() {}
+    assert_future::<sharded_timer::Sleep>();
+    assert_future::<sharded_timer::Interval>();
+    assert_future::<sharded_timer::Timeout<std::future::Ready<()>>>();
     let timer = small_timer();
     let handle = timer.schedule(Duration::from_secs(1), || {}).unwrap();
     assert!(format!("{timer:?}").contains("shards: 2"));

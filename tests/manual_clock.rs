@@ -578,3 +578,33 @@ fn a_past_deadline_on_a_manual_clock_fires_without_an_advance_and_shutdown_retur
         ScheduleError::Shutdown
     );
 }
+
+#[test]
+fn a_callback_that_drops_the_last_clone_of_its_service_does_not_hang_advance() {
+    for callbacks in [Callbacks::pool(1), Callbacks::inline()] {
+        let clock = ManualClock::new();
+        let timer = service(&clock, callbacks.clone());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let (owner, counter) = (timer.clone(), ran.clone());
+        timer
+            .schedule(MS, move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                drop(owner); // the last clone: the service shuts down from here
+            })
+            .unwrap();
+        // A far timer, dropped unrun when the service goes.
+        let far = timer.schedule(Duration::from_secs(60), || {}).unwrap();
+        drop(timer);
+        let advancing = clock.clone();
+        let done = within(WAIT, move || advancing.advance(MS));
+        assert!(done.is_some(), "{callbacks:?}: advance hung");
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            far.state(),
+            TimerState::Cancelled,
+            "dropped with the service"
+        );
+        let later = clock.clone();
+        assert!(within(WAIT, move || later.advance(Duration::from_secs(120))).is_some());
+    }
+}
