@@ -172,3 +172,45 @@ fn formatting_a_service_with_debug_wakes_no_thread() {
     );
     assert!(shown.contains("shards: 2"), "{shown}");
 }
+
+#[test]
+fn a_manual_clock_service_never_wakes_on_the_wall_clock() {
+    let Some(_serial) = serial_with_proc() else {
+        return;
+    };
+    let clock = sharded_timer::ManualClock::new();
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(2)
+        .executor_threads(2)
+        .pin_cores(false)
+        .thread_name("test")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // Due 2 ms from the clock's start: on the wall clock that is soon, but the manual
+    // clock does not move, so nothing may wake for it.
+    let fired = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = fired.clone();
+    let _soon = timer
+        .schedule(Duration::from_millis(2), move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap();
+    clock.advance(Duration::ZERO); // taken in
+    std::thread::sleep(Duration::from_millis(100)); // the threads settle, as above
+    assert!(
+        wait_until(WAIT, || service_threads().len() == 4),
+        "the service's 4 threads are visible"
+    );
+    let threads = service_threads();
+    let before = switches_of(&threads);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        before,
+        switches_of(&threads),
+        "a shard woke on the wall clock"
+    );
+    assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 0);
+    clock.advance(Duration::from_millis(2));
+    assert_eq!(fired.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
