@@ -150,8 +150,7 @@ impl Interval {
     /// `Ready(due)` once the next tick is due, otherwise `Pending` with `cx`'s waker
     /// registered.
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
-        let timer = self.sleep.timer().clone();
-        if self.next > timer.now() {
+        if self.next > self.sleep.timer().now() {
             if self.sleep.deadline() != self.next || self.sleep.is_elapsed() {
                 Pin::new(&mut self.sleep).reset(self.next);
             }
@@ -161,6 +160,7 @@ impl Interval {
             // Elapsed: now ≥ next. Or the service shut down: complete at once.
         }
         let due = self.next;
+        let timer = self.sleep.timer();
         self.next = self
             .behavior
             .next_after(due, timer.now(), self.period, timer.tick());
@@ -184,8 +184,7 @@ impl Interval {
 
     /// Moves the next tick to one period from now, keeping the period.
     pub fn reset(&mut self) {
-        let timer = self.sleep.timer().clone();
-        self.next = add_saturating(timer.now(), self.period);
+        self.next = add_saturating(self.sleep.timer().now(), self.period);
     }
 
     /// Whether the service refused the last tick's timer (it shut down): ticks then

@@ -608,3 +608,34 @@ fn a_callback_that_drops_the_last_clone_of_its_service_does_not_hang_advance() {
         assert!(within(WAIT, move || later.advance(Duration::from_secs(120))).is_some());
     }
 }
+
+#[test]
+fn an_interval_reset_moves_the_next_tick_to_a_period_from_now() {
+    let clock = ManualClock::new();
+    let timer = service(&clock, Callbacks::pool(1));
+    let t0 = clock.now();
+    let period = MS * 10;
+    let mut interval = timer.interval_at(t0 + period, period);
+    assert_eq!(
+        ready_ticks(&mut interval),
+        vec![],
+        "the first tick is due at 10 ms"
+    );
+    clock.advance(MS * 7);
+    interval.reset();
+    clock.advance(MS * 9);
+    assert_eq!(
+        ready_ticks(&mut interval),
+        vec![],
+        "moved to 17 ms: nothing at 16 ms"
+    );
+    clock.advance(MS);
+    assert_eq!(ready_ticks(&mut interval), vec![t0 + MS * 17]);
+    clock.advance(period);
+    assert_eq!(
+        ready_ticks(&mut interval),
+        vec![t0 + MS * 27],
+        "the grid from 17 ms"
+    );
+    assert_eq!(interval.period(), period);
+}
