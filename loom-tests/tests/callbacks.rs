@@ -1,4 +1,4 @@
-//! Model 7: where callbacks run, on the whole service (`src/shard/shard_loop.rs`,
+//! Model 12: where callbacks run, on the whole service (`src/shard/shard_loop.rs`,
 //! `src/timer.rs`, `src/callbacks.rs`): one shard, rings of 2, no pool.
 //!
 //! First model, inline: a due timer's callback runs on the shard thread, cancels a

@@ -1,4 +1,4 @@
-//! Model 8: the manual clock's rounds (`src/clock/manual.rs`) on the whole service:
+//! Model 13: the manual clock's rounds (`src/clock/manual.rs`) on the whole service:
 //! the real `ManualClock`, shard loop, core, rings and pool; one shard, rings of 2.
 //!
 //! First model, inline callbacks: a second thread schedules a timer due at 1 ms from
@@ -128,5 +128,58 @@ fn advance_waits_for_a_pool_callback_already_under_way() {
             "the timer and the one its callback scheduled ran within the advance"
         );
         drop(timer);
+    });
+}
+
+/// Counts its drops: the repeating timer's capture.
+struct Dropped(Arc<AtomicUsize>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_repeating_timer_on_the_whole_service_racing_its_cancel() {
+    model(|| {
+        let clock = ManualClock::new();
+        let timer = service(&clock, Callbacks::inline());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let capture = Dropped(dropped.clone());
+        let counter = runs.clone();
+        let handle = timer
+            .schedule_repeating(MS, move || {
+                let _keep = &capture;
+                counter.fetch_add(1, Ordering::SeqCst);
+                trace("run");
+            })
+            .unwrap();
+        let canceller = {
+            let (handle, runs) = (handle.clone(), runs.clone());
+            thread::spawn(move || {
+                let won = handle.cancel();
+                let seen = runs.load(Ordering::SeqCst);
+                trace(format!("cancel won {won} after {seen} runs"));
+                (won, seen)
+            })
+        };
+        clock.advance(MS);
+        let (won, seen) = canceller.join().unwrap();
+        assert!(won, "nothing else cancels it");
+        let after_cancel = runs.load(Ordering::SeqCst);
+        // A run under way when the cancel landed may finish; none starts after.
+        assert!(after_cancel <= seen + 1, "{after_cancel} runs, {seen} when cancelled");
+        clock.advance(MS * 3);
+        assert_eq!(runs.load(Ordering::SeqCst), after_cancel, "no run after the cancel");
+        assert!(after_cancel <= 1, "one period advanced: at most one run");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "the callback dropped once the cancel and the run under way are done"
+        );
+        drop(timer);
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "and only once");
     });
 }
