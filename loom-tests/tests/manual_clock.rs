@@ -22,7 +22,16 @@
 //! round began, schedules its successor after the round's turn drained the ring:
 //! "the timer and the one its callback scheduled ran within the advance: left: 1,
 //! right: 2".
-//! Bound: 3 for the inline model (about 5 s); 2 for the pool model, whatever
+//! Third model, a repeating timer on the whole service (which needs a clock the model
+//! moves): an inline repeating timer of period 1 ms; a second thread cancels it while
+//! the main thread advances 1 ms, then 3 ms more.
+//! Asserts: the cancel wins; a run under way when it landed may finish, none starts
+//! after it; at most one run in the one period; the callback has been dropped, once,
+//! by the time the cancel and that run are done.
+//! Seeded bug that makes it fail: `EntryRef::cancel` never taking the callback (as if
+//! a run were always under way): "the callback dropped once the cancel and the run
+//! under way are done: left: 0, right: 1".
+//! Bound: 3 for the inline models (about 5 s and 30 s) (about 5 s); 2 for the pool model, whatever
 //! `LOOM_MAX_PREEMPTIONS` says (about 10 s; at 3 its worker's spinning exceeds loom's
 //! branch limit).
 //! Under loom the clock's lock is taken by spinning on `try_lock` (see

@@ -26,10 +26,10 @@
 //! Seeded bug that makes it fail: `hand_back_late` ignoring the seal (157dca7 pushed
 //! to a list no later shutdown read): "assertion `left == right` failed: handed back
 //! or cancelled, exactly once".
-//! Not modelled: the whole service with a repeating timer (under loom it has no
-//! controllable clock for the run to come due; issue 12's `ManualClock`); the
-//! integration test `a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped`
-//! covers it on real threads.
+//! The whole service with a repeating timer, which needs a clock the model moves, is
+//! in `manual_clock.rs` (a cancel racing its runs under `ManualClock`); the integration
+//! test `a_repeating_timer_that_shuts_down_its_service_stops_and_is_dropped` covers a
+//! run that shuts its own service down, on real threads.
 //! Command: as in `ring.rs`, with `--test repeating`.
 #![cfg(loom)]
 
