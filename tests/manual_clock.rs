@@ -639,3 +639,41 @@ fn an_interval_reset_moves_the_next_tick_to_a_period_from_now() {
     );
     assert_eq!(interval.period(), period);
 }
+
+#[test]
+fn a_huge_advance_fires_what_is_due_and_returns_promptly() {
+    let wall = Instant::now();
+    let clock = ManualClock::new();
+    let timer = service(&clock, Callbacks::pool(1));
+    let tally = Tally::default();
+    let start = clock.now();
+    for delay in [
+        MS,
+        Duration::from_secs(3_600),
+        Duration::from_secs(10 * 365 * 86_400),
+    ] {
+        timer
+            .schedule(delay, tally.callback(&clock, start + delay))
+            .unwrap();
+    }
+    let never = timer.schedule(Duration::MAX, || {}).unwrap();
+    clock.advance(Duration::from_secs(100 * 365 * 86_400));
+    assert_eq!(tally.fired(), 3);
+    assert_eq!(tally.early(), 0);
+    assert_eq!(
+        never.state(),
+        TimerState::Pending,
+        "Duration::MAX never comes due"
+    );
+    clock.advance(Duration::MAX);
+    assert_eq!(
+        never.state(),
+        TimerState::Pending,
+        "not even at the end of time"
+    );
+    assert!(
+        wall.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        wall.elapsed()
+    );
+}

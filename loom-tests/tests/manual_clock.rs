@@ -179,9 +179,16 @@ fn a_repeating_timer_on_the_whole_service_racing_its_cancel() {
         assert!(won, "nothing else cancels it");
         let after_cancel = runs.load(Ordering::SeqCst);
         // A run under way when the cancel landed may finish; none starts after.
-        assert!(after_cancel <= seen + 1, "{after_cancel} runs, {seen} when cancelled");
+        assert!(
+            after_cancel <= seen + 1,
+            "{after_cancel} runs, {seen} when cancelled"
+        );
         clock.advance(MS * 3);
-        assert_eq!(runs.load(Ordering::SeqCst), after_cancel, "no run after the cancel");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            after_cancel,
+            "no run after the cancel"
+        );
         assert!(after_cancel <= 1, "one period advanced: at most one run");
         assert_eq!(
             dropped.load(Ordering::SeqCst),
