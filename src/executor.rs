@@ -47,6 +47,15 @@ type SpawnFailure = (String, std::io::Error);
 pub trait Task: Send + 'static {
     /// Runs the task; it may panic.
     fn run(self);
+
+    /// Whether the task must run only after the task that is running its batch has
+    /// returned: when a task of the batch stops the pool from inside
+    /// ([`Executor::run_queued_here`]), such a task is put back instead of run, and the
+    /// worker runs it once that task returns. (A manual clock's batch end, which says
+    /// the batch's callbacks have all returned.) Default: `false`.
+    fn after_its_batch(&self) -> bool {
+        false
+    }
 }
 
 /// The submit side of the pool; cheap to clone.
@@ -224,7 +233,9 @@ impl<T> Executor<T> {
     }
 
     /// Runs, on the calling thread, everything handed to the pool and not yet run:
-    /// the rest of the calling worker's current batch, then whatever is still queued.
+    /// the rest of the calling worker's current batch (but its tasks that run
+    /// [`after_its_batch`](Task::after_its_batch), which it puts back for the worker to
+    /// run when the calling task returns), then whatever is still queued.
     /// For a callback that stops the service from a worker of this pool, after the
     /// submitters and the other workers have stopped; panics are caught and counted.
     pub fn run_queued_here(&self)
@@ -235,8 +246,19 @@ impl<T> Executor<T> {
             return;
         }
         let mut ran_panicked = 0;
+        let mut after = Vec::new();
         while let Some(task) = next_of_current_batch::<T>() {
-            ran_panicked += u64::from(run_caught(task));
+            if task.after_its_batch() {
+                after.push(task);
+            } else {
+                ran_panicked += u64::from(run_caught(task));
+            }
+        }
+        if !after.is_empty() {
+            // Put back: the worker runs them when the calling task returns.
+            CURRENT_BATCH.with(|batch| {
+                *batch.borrow_mut() = Some(Box::new(after.into_iter()));
+            });
         }
         loop {
             let stolen = core::iter::once(self.shared.injector.steal())

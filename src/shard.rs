@@ -87,6 +87,10 @@ impl Task for ShardTask {
             ShardTask::Mark(mark) => mark.run(),
         }
     }
+
+    fn after_its_batch(&self) -> bool {
+        matches!(self, ShardTask::Mark(BatchMark::End(_)))
+    }
 }
 
 impl ShardTask {

@@ -186,15 +186,16 @@ impl fmt::Debug for ManualTime {
 #[cfg(not(loom))]
 std::thread_local! {
     /// The address of the `ManualTime` whose callbacks this thread is running now (0
-    /// if none): a shard thread of a manual-clock service for its whole loop, a pool
-    /// worker between a batch's `Begin` and `End` marks.
-    static RUNNING_FOR: Cell<usize> = const { Cell::new(0) };
+    /// if none), and how deeply: a shard thread of a manual-clock service for its whole
+    /// loop, a pool worker between a batch's `Begin` and `End` marks (a callback that
+    /// shuts its service down runs the batches still queued inside its own).
+    static RUNNING_FOR: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 #[cfg(loom)]
 loom::thread_local! {
     /// As above, per model thread.
-    static RUNNING_FOR: Cell<usize> = Cell::new(0);
+    static RUNNING_FOR: Cell<(usize, usize)> = Cell::new((0, 0));
 }
 
 impl ManualTime {
@@ -251,7 +252,7 @@ impl ManualTime {
         let by_ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         let mut progress = self.lock();
         progress.now_ns = progress.now_ns.saturating_add(by_ns);
-        let waits = RUNNING_FOR.with(Cell::get) != self.address();
+        let waits = RUNNING_FOR.with(Cell::get).0 != self.address();
         loop {
             let activity = progress.activity;
             let busy = progress.in_flight > 0;
@@ -330,7 +331,7 @@ impl TurnSlot {
     /// Called on the shard thread when its loop starts: records the thread for
     /// `advance` to unpark, and marks the thread as running this clock's callbacks.
     pub(crate) fn start_on_this_thread(&self) {
-        RUNNING_FOR.with(|running| running.set(self.time.address()));
+        RUNNING_FOR.with(|running| running.set((self.time.address(), 1)));
         let mut progress = self.time.lock();
         if let Some(record) = progress.shards.iter_mut().find(|r| r.key == self.key) {
             record.thread = Some(thread::current());
@@ -392,16 +393,19 @@ impl Drop for TurnSlot {
         drop(progress);
         self.time.settled.notify_all();
         RUNNING_FOR.with(|running| {
-            if running.get() == self.time.address() {
-                running.set(0);
+            if running.get().0 == self.time.address() {
+                running.set((0, 0));
             }
         });
     }
 }
 
 /// The two ends of a pool batch under a manual clock. `Begin`, run first, marks the
-/// worker as running this clock's callbacks; `End`, dropped last (run or not: a pool
-/// that stopped drops it too), unmarks it and counts the batch finished.
+/// worker as running this clock's callbacks; `End`, run last, unmarks it; dropping
+/// `End` (run or not: a pool that stopped drops it unrun) counts the batch finished.
+/// A callback that shuts its service down from the pool runs the rest of its batch
+/// itself, but not its `End` (`Task::after_its_batch`): that runs once the callback
+/// has returned.
 #[derive(Debug)]
 pub(crate) enum BatchMark {
     /// The first task of a batch.
@@ -411,22 +415,29 @@ pub(crate) enum BatchMark {
 }
 
 impl BatchMark {
-    /// Runs the mark (its work is in `Drop` for `End`, so that it happens unrun too).
+    /// Runs the mark: `Begin` marks this thread as running the clock's callbacks (one
+    /// level deeper), `End` one level less, then counts the batch finished.
     pub(crate) fn run(self) {
-        if let BatchMark::Begin(time) = &self {
-            RUNNING_FOR.with(|running| running.set(time.address()));
-        }
+        RUNNING_FOR.with(|running| {
+            let (address, depth) = running.get();
+            match &self {
+                BatchMark::Begin(time) if address == time.address() => {
+                    running.set((address, depth + 1));
+                }
+                BatchMark::Begin(time) => running.set((time.address(), 1)),
+                BatchMark::End(time) if address == time.address() && depth > 1 => {
+                    running.set((address, depth - 1));
+                }
+                BatchMark::End(time) if address == time.address() => running.set((0, 0)),
+                BatchMark::End(_) => {}
+            }
+        });
     }
 }
 
 impl Drop for BatchMark {
     fn drop(&mut self) {
         if let BatchMark::End(time) = self {
-            RUNNING_FOR.with(|running| {
-                if running.get() == time.address() {
-                    running.set(0);
-                }
-            });
             let mut progress = time.lock();
             progress.in_flight -= 1;
             drop(progress);
