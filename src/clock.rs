@@ -2,9 +2,12 @@
 //!
 //! A tick is a `u64` count of [`Builder::tick`](crate::Builder::tick) periods since
 //! the process's clock origin (one `Instant` for every service, taken when the first
-//! service starts), so a handle converts its deadline with nothing but the tick
-//! length; a service driven by a [`ManualClock`] counts from that clock's start
-//! instead (`manual.rs`). Deadlines **round up** to a tick and "now" **rounds
+//! service starts); a service driven by a [`ManualClock`] counts from that clock's
+//! start instead (`manual.rs`). An entry keeps its deadline in **nanoseconds** from
+//! that same start, so a handle converts it with nothing of its service (tick 0 is the
+//! origin, or its manual clock's start); the shard turns it into the tick it is due at
+//! ([`Clock::due_tick`], a multiplication by a precomputed inverse of the tick length,
+//! not a division). Deadlines **round up** to a tick and "now" **rounds
 //! down**, so a timer due at tick `t` is never due before its `Instant`: that rule
 //! keeps "never early".
 
@@ -27,62 +30,140 @@ pub(crate) fn origin() -> Instant {
     *ORIGIN.get_or_init(Instant::now)
 }
 
-/// The service's time base: its start `Instant` (the process's [`origin`] for a
-/// service) and its tick length.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    /// Tick 0.
-    start: Instant,
-    /// Length of one tick in nanoseconds; at least 1.
-    tick_ns: u64,
+/// A deadline in nanoseconds that never comes due (a delay too large to represent).
+pub(crate) const NEVER_NS: u64 = u64::MAX;
+
+/// Nanoseconds from `start` to `deadline`: 0 before the start, [`NEVER_NS`] past what
+/// 64 bits of nanoseconds hold (584 years), which never comes due.
+pub(crate) fn ns_since(start: Instant, deadline: Instant) -> u64 {
+    u64::try_from(deadline.saturating_duration_since(start).as_nanos()).unwrap_or(NEVER_NS)
 }
 
-impl Clock {
-    /// A clock whose tick 0 is `start`. `tick` must be at least 1 ns and at most
-    /// `u64::MAX` ns (checked by the builder).
-    pub(crate) fn new(start: Instant, tick: Duration) -> Self {
-        let tick_ns = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
-        Clock { start, tick_ns }
-    }
+/// The instant `deadline_ns` after `start`; [`NEVER_NS`], or an instant `Instant`
+/// cannot hold, maps to about a century after the start.
+pub(crate) fn instant_after(start: Instant, deadline_ns: u64) -> Instant {
+    (deadline_ns != NEVER_NS)
+        .then(|| start.checked_add(Duration::from_nanos(deadline_ns)))
+        .flatten()
+        .or_else(|| start.checked_add(FAR_FUTURE))
+        .unwrap_or(start)
+}
 
-    /// A clock at the process's [`origin`] whose ticks are `tick_ns` nanoseconds long
-    /// (a handle's, from [`tick_ns`](Self::tick_ns)).
-    pub(crate) fn at_origin(tick_ns: u64) -> Self {
-        Clock::at(origin(), tick_ns)
-    }
+/// Nanoseconds ↔ ticks of one length: what a shard needs to file deadlines, which
+/// entries keep in nanoseconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticks {
+    /// Length of one tick in nanoseconds; at least 1.
+    tick_ns: u64,
+    /// `u64::MAX / tick_ns`: a quotient estimate by multiplication (see `due_tick`).
+    inverse: u64,
+}
 
-    /// A clock whose tick 0 is `start` and whose ticks are `tick_ns` nanoseconds long.
-    pub(crate) fn at(start: Instant, tick_ns: u64) -> Self {
-        Clock {
-            start,
-            tick_ns: tick_ns.max(1),
+impl Ticks {
+    /// Ticks of `tick_ns` nanoseconds (0 is taken as 1).
+    pub(crate) fn new(tick_ns: u64) -> Ticks {
+        let tick_ns = tick_ns.max(1);
+        Ticks {
+            tick_ns,
+            inverse: u64::MAX / tick_ns,
         }
+    }
+
+    /// The tick at which a deadline of `deadline_ns` nanoseconds after tick 0 is due:
+    /// the first tick boundary at or after it; [`NEVER_NS`] maps to `u64::MAX`, which
+    /// never comes due.
+    ///
+    /// Exact, without a division: with `m = ⌊(2⁶⁴−1)/d⌋` for the tick length `d`, the
+    /// high half of `n·m` is at most `⌊n/d⌋` and at least `⌊n/d⌋ − 2` (the error of `m`
+    /// is below one, times `n/2⁶⁴ < 1`, plus the truncation), so at most two
+    /// corrections of the remainder give the exact quotient (Granlund and Montgomery,
+    /// "Division by invariant integers using multiplication", 1994, §4, without the
+    /// extra bit that makes a single step exact).
+    pub(crate) fn due_tick(&self, deadline_ns: u64) -> u64 {
+        if deadline_ns == NEVER_NS {
+            return u64::MAX;
+        }
+        let mut quotient = ((u128::from(deadline_ns) * u128::from(self.inverse)) >> 64) as u64;
+        let mut remainder = deadline_ns - quotient * self.tick_ns;
+        while remainder >= self.tick_ns {
+            quotient += 1;
+            remainder -= self.tick_ns;
+        }
+        quotient + u64::from(remainder != 0)
+    }
+
+    /// The last nanosecond (after tick 0) whose deadlines are due at tick `now`:
+    /// `deadline_ns` is due by tick `now` exactly when `deadline_ns <= due_by(now)`
+    /// ([`NEVER_NS`] never is: this stays below it).
+    pub(crate) fn due_by(&self, now: u64) -> u64 {
+        now.saturating_mul(self.tick_ns).min(NEVER_NS - 1)
     }
 
     /// The tick length in nanoseconds.
     pub(crate) fn tick_ns(&self) -> u64 {
         self.tick_ns
     }
+}
+
+/// The service's time base: its start `Instant` (the process's [`origin`] for a
+/// service) and its tick length.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    /// Tick 0.
+    start: Instant,
+    /// The tick length.
+    ticks: Ticks,
+}
+
+impl Clock {
+    /// A clock whose tick 0 is `start`. `tick` must be at least 1 ns and at most
+    /// `u64::MAX` ns (checked by the builder).
+    pub(crate) fn new(start: Instant, tick: Duration) -> Self {
+        Clock::at(start, u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// A clock whose tick 0 is `start` and whose ticks are `tick_ns` nanoseconds long.
+    pub(crate) fn at(start: Instant, tick_ns: u64) -> Self {
+        Clock {
+            start,
+            ticks: Ticks::new(tick_ns),
+        }
+    }
+
+    /// The tick length, for the shard.
+    pub(crate) fn ticks(&self) -> Ticks {
+        self.ticks
+    }
+
+    /// See [`Ticks::due_tick`].
+    pub(crate) fn due_tick(&self, deadline_ns: u64) -> u64 {
+        self.ticks.due_tick(deadline_ns)
+    }
+
+    /// Nanoseconds from tick 0 to `deadline` (see [`ns_since`]).
+    pub(crate) fn instant_to_ns(&self, deadline: Instant) -> u64 {
+        ns_since(self.start, deadline)
+    }
+
+    /// The instant `deadline_ns` after tick 0 (see [`instant_after`]).
+    pub(crate) fn ns_to_instant(&self, deadline_ns: u64) -> Instant {
+        instant_after(self.start, deadline_ns)
+    }
 
     /// The tick at which `deadline` is due: the first tick boundary at or after it.
-    /// Instants before the start map to tick 0; instants beyond the `u64` tick range
-    /// saturate to `u64::MAX`, which never comes due.
+    /// Instants before the start map to tick 0; instants beyond 64 bits of
+    /// nanoseconds saturate to `u64::MAX`, which never comes due.
+    #[cfg(test)]
     pub(crate) fn instant_to_tick(&self, deadline: Instant) -> u64 {
-        let ns = deadline.saturating_duration_since(self.start).as_nanos();
-        // A 64-bit division on the schedule path (the u128 one showed in profiles);
-        // the wide path only past 584 years.
-        match u64::try_from(ns) {
-            Ok(ns) => ns.div_ceil(self.tick_ns),
-            Err(_) => u64::try_from(ns.div_ceil(u128::from(self.tick_ns))).unwrap_or(u64::MAX),
-        }
+        self.due_tick(self.instant_to_ns(deadline))
     }
 
     /// The tick containing `now`, rounded down.
     pub(crate) fn tick_of(&self, now: Instant) -> u64 {
         let ns = now.saturating_duration_since(self.start).as_nanos();
         match u64::try_from(ns) {
-            Ok(ns) => ns / self.tick_ns,
-            Err(_) => u64::try_from(ns / u128::from(self.tick_ns)).unwrap_or(u64::MAX),
+            Ok(ns) => ns / self.ticks.tick_ns,
+            Err(_) => u64::try_from(ns / u128::from(self.ticks.tick_ns)).unwrap_or(u64::MAX),
         }
     }
 
@@ -95,7 +176,7 @@ impl Clock {
     /// The `Instant` at which `tick` begins. Ticks beyond what `Instant` can represent
     /// map to a point about a century after the start (they never come due anyway).
     pub(crate) fn tick_to_instant(&self, tick: u64) -> Instant {
-        let ns = u128::from(tick) * u128::from(self.tick_ns);
+        let ns = u128::from(tick) * u128::from(self.ticks.tick_ns);
         u64::try_from(ns)
             .ok()
             .and_then(|ns| self.start.checked_add(Duration::from_nanos(ns)))
@@ -141,6 +222,59 @@ mod tests {
             let tick = clock.instant_to_tick(deadline);
             assert!(clock.tick_to_instant(tick) >= deadline, "{ns} ns");
             assert!(clock.tick_to_instant(tick - 1) < deadline, "{ns} ns");
+        }
+    }
+
+    #[test]
+    fn due_tick_is_the_exact_rounded_up_quotient_without_a_division() {
+        let start = Instant::now();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let ticks = [
+            1u64,
+            2,
+            3,
+            7,
+            1_000,
+            999_983,
+            1_000_000,
+            1 << 32,
+            u64::MAX / 3,
+            u64::MAX,
+        ];
+        for tick_ns in ticks {
+            let clock = Clock::at(start, tick_ns);
+            let edges = [
+                0,
+                1,
+                tick_ns - 1,
+                tick_ns,
+                tick_ns.saturating_add(1),
+                u64::MAX - 1,
+            ];
+            let random = (0..2_000).map(|_| next() >> (next() % 64));
+            for ns in edges.into_iter().chain(random) {
+                if ns == u64::MAX {
+                    continue;
+                }
+                assert_eq!(
+                    clock.due_tick(ns),
+                    ns.div_ceil(tick_ns),
+                    "{ns} ns, tick {tick_ns}"
+                );
+                let due = clock.due_tick(ns);
+                assert!(ns <= clock.ticks().due_by(due), "due at its tick");
+                assert!(
+                    due == 0 || ns > clock.ticks().due_by(due - 1),
+                    "not a tick before"
+                );
+            }
+            assert_eq!(clock.due_tick(super::NEVER_NS), u64::MAX);
         }
     }
 

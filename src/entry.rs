@@ -1,5 +1,6 @@
 //! The timer entry: one heap allocation per timer holding its state word (with the
-//! reference count), id, deadline tick, its place in the shard's wheel, and the
+//! reference count), id, deadline (in nanoseconds from the service clock's tick 0, so
+//! that a handle needs nothing of its service to read it), its place in the shard's wheel, and the
 //! callback itself: a 32-byte [`Header`], then the callback.
 //!
 //! The allocation is an `Entry<F>` whose first field is a type-erased [`Header`]; the
@@ -68,7 +69,9 @@ pub use winner::{CancelledCallback, FiredEntry};
 pub(crate) struct Header {
     /// Functions that know the callback's type.
     vtable: &'static Vtable,
-    /// The deadline, in ticks of the service's clock: the latest one asked for. Written
+    /// The deadline, in nanoseconds from tick 0 of the service's clock (`NEVER_NS`:
+    /// never): the latest one asked for; the shard files it by the tick it is due at
+    /// (`ShardStore`). Written
     /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
     /// (Release; its `finish_reset` CAS publishes it) and by a repeating timer's runner
     /// while it holds `RUNNING`; read by the shard (Relaxed for filing, where a stale
@@ -262,7 +265,8 @@ impl EntryRef {
         TimerId::from_parts(header.id_low, header.id_high)
     }
 
-    /// The deadline tick (the latest reset's, if any).
+    /// The deadline in nanoseconds from the service clock's tick 0 (the latest
+    /// reset's, if any).
     pub fn deadline(&self) -> u64 {
         // ORDERING: Acquire pairs with the Release store in `reset`, for a handle that
         // reads back a deadline another thread set.
@@ -291,17 +295,17 @@ impl EntryRef {
         }
     }
 
-    /// The shard's expiry at tick `now`: fires the entry if it is pending, due by its
-    /// latest deadline, and no reset or move is under way (see `state.rs`, "Why a
-    /// claim bit").
-    pub fn try_fire_due(self, now: u64) -> Due {
+    /// The shard's expiry: fires the entry if it is pending, due by its latest
+    /// deadline (at most `due_by` nanoseconds: `Ticks::due_by` of the shard's tick),
+    /// and no reset or move is under way (see `state.rs`, "Why a claim bit").
+    pub fn try_fire_due(self, due_by: u64) -> Due {
         let header = self.header();
         if header.state.load().state() != TimerState::Pending {
             return Due::Cancelled(self);
         }
         // ORDERING: Relaxed: a cheap pre-check. Deferring is always safe (the entry is
         // re-filed); the decision to fire re-reads the deadline under the claim.
-        if header.deadline.load(Ordering::Relaxed) > now {
+        if header.deadline.load(Ordering::Relaxed) > due_by {
             return Due::Later(self);
         }
         match header.state.try_claim() {
@@ -312,7 +316,7 @@ impl EntryRef {
         // ORDERING: Relaxed: `try_claim`'s Acquire CAS read the last `finish_reset`'s
         // Release (or later), which the reset's deadline store precedes, and no reset
         // can store while we hold CLAIMING; so this reads the latest deadline.
-        if header.deadline.load(Ordering::Relaxed) > now {
+        if header.deadline.load(Ordering::Relaxed) > due_by {
             header.state.release_claim();
             return Due::Later(self);
         }
@@ -328,7 +332,8 @@ impl EntryRef {
         }
     }
 
-    /// Moves the deadline to tick `deadline`; `true` iff the timer was still pending
+    /// Moves the deadline to `deadline` (nanoseconds from tick 0); `true` iff the timer
+    /// was still pending
     /// (then it fires no earlier than `deadline`). A later deadline is one store: the
     /// shard re-files the entry when its old slot comes due. An earlier one also sends
     /// the shard one move message through `port` (ground rule 4), which wakes it, filed
@@ -468,7 +473,7 @@ impl core::fmt::Debug for EntryRef {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Entry")
             .field("id", &self.id())
-            .field("deadline_tick", &self.deadline())
+            .field("deadline_ns", &self.deadline())
             .field("state", &self.header().state)
             .finish()
     }
@@ -623,8 +628,10 @@ mod tests {
 
     #[test]
     #[cfg(not(loom))]
-    fn header_is_32_bytes_and_a_handle_is_32() {
+    fn header_is_32_bytes_and_a_handle_is_24() {
         assert_eq!(core::mem::size_of::<super::Header>(), 32);
-        assert_eq!(core::mem::size_of::<crate::TimerHandle>(), 32);
+        // The entry, the port, the options: no tick length, since the entry keeps its
+        // deadline in nanoseconds.
+        assert_eq!(core::mem::size_of::<crate::TimerHandle>(), 24);
     }
 }

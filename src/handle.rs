@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::clock::{Clock, ManualTime};
+use crate::clock::{instant_after, ns_since, ManualTime, NEVER_NS};
 use crate::entry::{CancelPort, EntryRef};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
@@ -39,10 +39,6 @@ pub struct TimerHandle {
     port: CancelPort<ShardShared>,
     /// The service's options that a handle honours, if it has any.
     options: Option<Arc<HandleOptions>>,
-    /// The service's tick length in ns, to convert deadlines between ticks and
-    /// instants (a service's clock starts at the process's origin, or at its manual
-    /// clock's start).
-    tick_ns: u64,
 }
 
 /// What a handle needs of a service configured away from the defaults: the pending
@@ -67,12 +63,11 @@ impl HandleOptions {
 }
 
 impl TimerHandle {
-    /// The service's clock, rebuilt from the tick length (and the manual clock's start).
-    fn clock(&self) -> Clock {
-        match self.manual_time() {
-            Some(time) => Clock::at(time.start(), self.tick_ns),
-            None => Clock::at_origin(self.tick_ns),
-        }
+    /// Tick 0 of the service's clock, from which the entry counts its deadline in
+    /// nanoseconds: the process's origin, or the manual clock's start.
+    fn start(&self) -> Instant {
+        self.manual_time()
+            .map_or_else(crate::clock::origin, |time| time.start())
     }
 
     /// The service's manual clock, if it has one.
@@ -93,13 +88,11 @@ impl TimerHandle {
         entry: EntryRef,
         shard: &ShardShared,
         options: Option<Arc<HandleOptions>>,
-        clock: Clock,
     ) -> Self {
         TimerHandle {
             entry,
             port: shard.port(),
             options,
-            tick_ns: clock.tick_ns(),
         }
     }
 
@@ -145,11 +138,11 @@ impl TimerHandle {
     }
 
     /// When the timer is due: the requested deadline (or the last successful
-    /// [`reset`](Self::reset)'s) rounded up to the service's tick, so at most one tick
-    /// later than asked. For a delay too large to represent, a far-future instant; such
-    /// a timer never fires.
+    /// [`reset`](Self::reset)'s), to the nanosecond; it fires at the first tick
+    /// boundary at or after it. For a delay too large to represent, a far-future
+    /// instant; such a timer never fires.
     pub fn deadline(&self) -> Instant {
-        self.clock().tick_to_instant(self.entry.deadline())
+        instant_after(self.start(), self.entry.deadline())
     }
 
     /// Moves the timer's deadline to `delay` from now. Returns `true` iff the timer was
@@ -186,11 +179,11 @@ impl TimerHandle {
     ///
     /// Never.
     pub fn reset(&self, delay: std::time::Duration) -> bool {
-        let tick = match self.now().checked_add(delay) {
-            Some(deadline) => self.clock().instant_to_tick(deadline),
-            None => u64::MAX,
+        let deadline = match self.now().checked_add(delay) {
+            Some(deadline) => ns_since(self.start(), deadline),
+            None => NEVER_NS,
         };
-        self.entry.reset(tick, &self.port)
+        self.entry.reset(deadline, &self.port)
     }
 
     /// Moves the timer's deadline to `deadline`; as [`reset`](Self::reset), including
@@ -202,7 +195,7 @@ impl TimerHandle {
     /// Never.
     pub fn reset_at(&self, deadline: Instant) -> bool {
         self.entry
-            .reset(self.clock().instant_to_tick(deadline), &self.port)
+            .reset(ns_since(self.start(), deadline), &self.port)
     }
 }
 
@@ -229,7 +222,7 @@ pub struct Unfired {
     entry: Option<EntryRef>,
     /// The timer's id.
     id: TimerId,
-    /// The deadline, rounded up to the service's tick.
+    /// The deadline asked for (as [`TimerHandle::deadline`]).
     deadline: Instant,
 }
 
@@ -248,7 +241,8 @@ impl Unfired {
         self.id
     }
 
-    /// When the timer was due, rounded up to the service's tick.
+    /// When the timer was due: the deadline asked for (or the last successful reset's),
+    /// the same instant its handles' [`deadline`](TimerHandle::deadline) gives.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }

@@ -94,7 +94,8 @@ impl Task for ShardTask {
 }
 
 impl ShardTask {
-    /// The timer's id and the tick it (or this run) was due at; `None` for a mark.
+    /// The timer's id and its (or this run's) deadline in nanoseconds from tick 0;
+    /// `None` for a mark.
     pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, u64)> {
         match self {
             ShardTask::Fired(task) => Some((task.id(), task.deadline())),
@@ -145,15 +146,14 @@ impl RunTask {
             shard,
             clock,
         } = self;
-        let (next, skipped) =
-            running.schedule_next(shard.time.now(), |at| clock.instant_to_tick(at));
+        let (next, skipped) = running.schedule_next(shard.time.now(), |at| clock.instant_to_ns(at));
         let skipped = skipped + u64::from(!ran);
         if skipped > 0 {
             // ORDERING: Relaxed: a statistic.
             shard.skipped.fetch_add(skipped, Ordering::Relaxed);
         }
         if let Some(entry) = running.finish() {
-            shard.refile_run(entry, next);
+            shard.refile_run(entry, clock.due_tick(next));
         }
         if let Some(panic) = panic {
             std::panic::resume_unwind(panic);

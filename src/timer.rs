@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::callbacks::{Callbacks, Mode};
-use crate::clock::{Clock, ManualClock, ManualTime, TimeSource};
+use crate::clock::{Clock, ManualClock, ManualTime, TimeSource, NEVER_NS};
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
@@ -422,7 +422,7 @@ impl Inner {
         let mut sleeps = Vec::new();
         for entry in pending {
             if entry.hands_back() {
-                let deadline = self.clock.tick_to_instant(entry.deadline());
+                let deadline = self.clock.ns_to_instant(entry.deadline());
                 unfired.push(Unfired::new(entry, deadline));
             } else {
                 sleeps.push(entry);
@@ -518,11 +518,11 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        let tick = match self.now().checked_add(delay) {
-            Some(deadline) => self.inner.clock.instant_to_tick(deadline),
-            None => u64::MAX,
+        let deadline = match self.now().checked_add(delay) {
+            Some(deadline) => self.inner.clock.instant_to_ns(deadline),
+            None => NEVER_NS,
         };
-        self.schedule_tick(tick, f)
+        self.schedule_ns(deadline, f)
     }
 
     /// Runs `f` once, on an executor thread, at or after `deadline`.
@@ -541,13 +541,12 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        let tick = self.inner.clock.instant_to_tick(deadline);
-        self.schedule_tick(tick, f)
+        self.schedule_ns(self.inner.clock.instant_to_ns(deadline), f)
     }
 
-    /// Schedules `f` at tick `deadline`: allocate the entry, route it by the hash of
-    /// its id, push it to that shard's ring.
-    fn schedule_tick<F>(&self, deadline: u64, f: F) -> Result<TimerHandle, ScheduleError>
+    /// Schedules `f` at `deadline` (nanoseconds from tick 0): allocate the entry, route
+    /// it by the hash of its id, push it to that shard's ring.
+    fn schedule_ns<F>(&self, deadline: u64, f: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
     {
@@ -564,8 +563,8 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        let tick = self.inner.clock.instant_to_tick(deadline);
-        self.enqueue(tick, |id| EntryRef::new_sleep(id, tick, f))
+        let deadline = self.inner.clock.instant_to_ns(deadline);
+        self.enqueue(deadline, |id| EntryRef::new_sleep(id, deadline, f))
     }
 
     /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
@@ -625,8 +624,8 @@ impl ShardedTimer {
         let period = period.max(self.inner.tick);
         let start = self.now();
         let deadline = match start.checked_add(period) {
-            Some(first) => self.inner.clock.instant_to_tick(first),
-            None => u64::MAX,
+            Some(first) => self.inner.clock.instant_to_ns(first),
+            None => NEVER_NS,
         };
         self.enqueue(deadline, |id| {
             EntryRef::new_repeating(id, deadline, start, period, f)
@@ -684,16 +683,17 @@ impl ShardedTimer {
         let delay = delay.max(self.inner.tick);
         let start = self.now();
         let deadline = match start.checked_add(delay) {
-            Some(first) => self.inner.clock.instant_to_tick(first),
-            None => u64::MAX,
+            Some(first) => self.inner.clock.instant_to_ns(first),
+            None => NEVER_NS,
         };
         self.enqueue(deadline, |id| {
             EntryRef::new_fixed_delay(id, deadline, start, delay, f)
         })
     }
 
-    /// Checks the service is up and has room, makes the entry (`make` gets its id),
-    /// routes it by the hash of its id and pushes it to that shard's ring.
+    /// Checks the service is up and has room, makes the entry due at `deadline`
+    /// (nanoseconds from tick 0; `make` gets its id), routes it by the hash of its id
+    /// and pushes it to that shard's ring.
     fn enqueue(
         &self,
         deadline: u64,
@@ -715,7 +715,7 @@ impl ShardedTimer {
         let id = TimerId::next();
         let shard = &inner.shards[id.shard_index(inner.shards.len())];
         let (handle_ref, service_ref) = make(id);
-        if let Err(service_ref) = shard.push_insert(service_ref, deadline) {
+        if let Err(service_ref) = shard.push_insert(service_ref, inner.clock.due_tick(deadline)) {
             // The shard has shut down: nobody else has seen this entry; dropping both
             // references drops the callback.
             drop(service_ref);
@@ -729,7 +729,6 @@ impl ShardedTimer {
             handle_ref,
             shard,
             inner.handle_options.clone(),
-            inner.clock,
         ))
     }
 
@@ -748,7 +747,7 @@ impl ShardedTimer {
     pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
         self.now()
             .checked_add(delay)
-            .unwrap_or_else(|| self.inner.clock.tick_to_instant(u64::MAX))
+            .unwrap_or_else(|| self.inner.clock.ns_to_instant(NEVER_NS))
     }
 
     /// A snapshot of the counters, summed over the shards and workers, with each

@@ -78,7 +78,7 @@ pub mod shard {
     /// A shard with rings of `capacity` slots and its core, wheel at tick 0, no limit.
     pub fn new(capacity: usize) -> (loom::sync::Arc<ShardShared>, ShardCore) {
         let (shared, cursors) = ShardShared::new(capacity);
-        let core = ShardCore::new(shared.clone(), cursors, 0, None);
+        let core = ShardCore::new(shared.clone(), cursors, 0, 1, None);
         (shared, core)
     }
 

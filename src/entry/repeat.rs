@@ -5,6 +5,7 @@ use core::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::{Entry, EntryRef, Header, Vtable};
+use crate::clock::NEVER_NS;
 use crate::sync::Ordering;
 
 /// Counts a repeating timer's run and returns its next deadline and the runs skipped.
@@ -205,13 +206,14 @@ impl RunningEntry {
         unsafe { call(entry.0) };
     }
 
-    /// Counts this run and sets the deadline of the next one (tick `to_tick` of the
-    /// next run's instant); returns the next deadline tick and the runs skipped.
+    /// Counts this run and sets the deadline of the next one (`to_ns` of the next
+    /// run's instant: nanoseconds from tick 0); returns that deadline and the runs
+    /// skipped.
     ///
     /// # Panics
     ///
     /// Never: a `RunningEntry` is always an unfinished repeating entry.
-    pub fn schedule_next(&mut self, now: Instant, to_tick: impl Fn(Instant) -> u64) -> (u64, u64) {
+    pub fn schedule_next(&mut self, now: Instant, to_ns: impl Fn(Instant) -> u64) -> (u64, u64) {
         let entry = self.entry();
         let next = entry
             .header()
@@ -220,11 +222,11 @@ impl RunningEntry {
             .expect("a running entry is repeating");
         // SAFETY: as in `call`.
         let (deadline, skipped) = unsafe { next(entry.0, now) };
-        let tick = deadline.map_or(u64::MAX, to_tick);
+        let deadline = deadline.map_or(NEVER_NS, to_ns);
         // ORDERING: Release: published with the entry through the insert ring (and by
         // `finish_run`'s Release) to the shard's loads.
-        entry.header().deadline.store(tick, Ordering::Release);
-        (tick, skipped)
+        entry.header().deadline.store(deadline, Ordering::Release);
+        (deadline, skipped)
     }
 
     /// Ends the run: the entry back if the timer is still pending (the caller files

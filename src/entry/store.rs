@@ -5,6 +5,7 @@
 use core::ptr::NonNull;
 
 use super::{EntryRef, Header};
+use crate::clock::Ticks;
 use crate::sync::Ordering;
 use crate::wheel::{Place, Store};
 
@@ -39,12 +40,13 @@ pub(crate) struct EntryPtr(pub(super) NonNull<Header>);
 unsafe impl Send for EntryPtr {}
 
 /// The wheel's view of entries in a shard: deadlines and places read through the
-/// entry pointers themselves.
+/// entry pointers themselves; entries keep deadlines in nanoseconds, the wheel files
+/// them by the tick they are due at.
 #[derive(Debug)]
-pub(crate) struct ShardStore(());
+pub(crate) struct ShardStore(Ticks);
 
 impl ShardStore {
-    /// A store for one shard's wheel.
+    /// A store for one shard's wheel, whose ticks are `ticks`.
     ///
     /// # Safety
     ///
@@ -52,8 +54,8 @@ impl ShardStore {
     ///   whose reference the store holds (given by [`release`](Self::release) and not
     ///   yet claimed back), or one the caller holds a reference to; and
     /// - the store is used only by one shard thread (entry ground rule 3).
-    pub(crate) unsafe fn new() -> Self {
-        ShardStore(())
+    pub(crate) unsafe fn new(ticks: Ticks) -> Self {
+        ShardStore(ticks)
     }
 
     /// The header of an entry the store may touch.
@@ -123,7 +125,8 @@ impl Store for ShardStore {
         // move message of the reset that moved it earlier; a stale earlier one makes
         // the entry come due early, where `try_fire_due` re-checks under its claim and
         // re-files it.
-        self.header(entry).deadline.load(Ordering::Relaxed)
+        let deadline_ns = self.header(entry).deadline.load(Ordering::Relaxed);
+        self.0.due_tick(deadline_ns)
     }
 
     fn place(&self, entry: EntryPtr) -> Place {

@@ -45,6 +45,7 @@
     reason = "the core claims the wheel's references back; it owns that invariant"
 )]
 
+use crate::clock::Ticks;
 use crate::entry::{
     Aside, Due, EntryPtr, EntryRef, File, FiredEntry, Message, RunningEntry, ShardStore,
 };
@@ -91,17 +92,22 @@ pub struct ShardCore {
     limit: Option<Arc<PendingLimit>>,
     /// Entries found not yet due during an advance, re-filed after it.
     refile: Vec<EntryPtr>,
+    /// Nanoseconds ↔ ticks.
+    ticks: Ticks,
 }
 
 impl ShardCore {
     /// The core of the shard behind `shared`, whose rings `cursors` consume, with its
-    /// wheel at tick `now`.
+    /// wheel at tick `now` and ticks of `tick_ns` nanoseconds (entries' deadlines are
+    /// in nanoseconds; the models use 1, so that the two are the same).
     pub fn new(
         shared: Arc<ShardShared>,
         cursors: Cursors,
         now: u64,
+        tick_ns: u64,
         limit: Option<Arc<PendingLimit>>,
     ) -> Self {
+        let ticks = Ticks::new(tick_ns);
         ShardCore {
             shared,
             cursors,
@@ -111,10 +117,11 @@ impl ShardCore {
             // wheel, popped from a ring, or in a message), and claims each released
             // pointer once: the wheel hands each back once (`expire`, `shut_down`) or
             // the core unlinks it first (`take_cancel`).
-            store: unsafe { ShardStore::new() },
+            store: unsafe { ShardStore::new(ticks) },
             awaiting: 0,
             limit,
             refile: Vec::new(),
+            ticks,
         }
     }
 
@@ -242,14 +249,16 @@ impl ShardCore {
             awaiting,
             limit,
             refile,
+            ticks,
             ..
         } = self;
+        let due_by = ticks.due_by(now);
         let mut fired = 0;
         wheel.advance(store, now, &mut |store, ptr| {
             // SAFETY: the wheel hands back each filed pointer once, and its reference
             // (given up by `release` when filed) is unclaimed until now.
             let entry = unsafe { store.claim(ptr) };
-            match entry.try_fire_due(now) {
+            match entry.try_fire_due(due_by) {
                 Due::Fired(task) => {
                     fired += 1;
                     if let Some(limit) = limit.as_deref() {

@@ -118,8 +118,8 @@ impl Dispatch {
                     task.run(); // a batch mark: never handed to a spawner
                     return;
                 };
-                let callback =
-                    Callback::new(id, clock.tick_to_instant(deadline), task, panicked.clone());
+                let due = clock.tick_to_instant(clock.due_tick(deadline));
+                let callback = Callback::new(id, due, task, panicked.clone());
                 if run_caught(SpawnCall(spawner.clone(), callback)) {
                     // ORDERING: Relaxed: a statistic.
                     panicked.fetch_add(1, Ordering::Relaxed);
@@ -249,7 +249,7 @@ impl ShardThread {
     ) -> Self {
         let now = clock.tick_of(shared.time.now());
         ShardThread {
-            core: ShardCore::new(shared, cursors, now, limit),
+            core: ShardCore::new(shared, cursors, now, clock.ticks().tick_ns(), limit),
             clock,
             dispatch,
             turns,
@@ -312,7 +312,8 @@ impl ShardThread {
                 let lateness = &shared.stats.lateness;
                 core.expire(now, &mut |expired| {
                     fired_any = true;
-                    let due_ns = expired.deadline().saturating_mul(clock.tick_ns());
+                    let due_tick = clock.due_tick(expired.deadline());
+                    let due_ns = clock.ticks().due_by(due_tick);
                     lateness.record(now_ns.saturating_sub(due_ns));
                     let task = match expired {
                         Expired::Fired(task) => ShardTask::Fired(task),
