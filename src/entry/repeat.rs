@@ -129,8 +129,9 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
 }
 
 impl EntryRef {
-    /// Allocates a repeating entry, first due at tick `deadline`, with runs due at
-    /// `start + n × period` (fixed rate): two references, as [`EntryRef::new`].
+    /// Allocates a repeating entry, first due at `deadline` (nanoseconds from tick 0),
+    /// with runs due at `start + n × period` (fixed rate): two references, as
+    /// [`EntryRef::new`].
     pub fn new_repeating<F: FnMut() + Send + 'static>(
         id: crate::id::TimerId,
         deadline: u64,
@@ -142,9 +143,9 @@ impl EntryRef {
         Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
     }
 
-    /// Allocates a repeating entry, first due at tick `deadline`, each later run due
-    /// `delay` after the previous one returned (fixed delay): two references, as
-    /// [`EntryRef::new`].
+    /// Allocates a repeating entry, first due at `deadline` (nanoseconds from tick 0),
+    /// each later run due `delay` after the previous one returned (fixed delay): two
+    /// references, as [`EntryRef::new`].
     pub fn new_fixed_delay<F: FnMut() + Send + 'static>(
         id: crate::id::TimerId,
         deadline: u64,
@@ -183,7 +184,7 @@ impl RunningEntry {
         self.entry().id()
     }
 
-    /// The tick this run was due at.
+    /// This run's deadline, in nanoseconds from tick 0.
     pub fn deadline(&self) -> u64 {
         self.entry().deadline()
     }

@@ -26,7 +26,7 @@ impl FiredEntry {
         self.entry.id()
     }
 
-    /// The tick it was due at.
+    /// Its deadline, in nanoseconds from tick 0.
     pub fn deadline(&self) -> u64 {
         self.entry.deadline()
     }

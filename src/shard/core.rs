@@ -66,7 +66,7 @@ pub enum Expired {
 }
 
 impl Expired {
-    /// The tick the timer (or this run) was due at.
+    /// The timer's (or this run's) deadline, in nanoseconds from tick 0.
     pub fn deadline(&self) -> u64 {
         match self {
             Expired::Fired(task) => task.deadline(),
