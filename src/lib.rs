@@ -37,7 +37,8 @@
 //! # Guarantees
 //!
 //! 1. **Never early.** A callback starts at or after its deadline, measured with
-//!    `Instant`.
+//!    `Instant` (or with the [`ManualClock`] of a service built with
+//!    [`Builder::clock`]).
 //! 2. **On time.** Under normal load it starts within one tick (plus wake-up latency)
 //!    after it, also after any sequence of [`TimerHandle::reset`]s.
 //! 3. **Exactly once.** A callback runs once, unless [`cancel`] returned `true` (then
