@@ -167,12 +167,6 @@ impl Clock {
         }
     }
 
-    /// Nanoseconds from tick 0 to `now`, saturating (0 before the start, `u64::MAX`
-    /// past 584 years).
-    pub(crate) fn ns_of(&self, now: Instant) -> u64 {
-        u64::try_from(now.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
-    }
-
     /// The `Instant` at which `tick` begins. Ticks beyond what `Instant` can represent
     /// map to a point about a century after the start (they never come due anyway).
     pub(crate) fn tick_to_instant(&self, tick: u64) -> Instant {

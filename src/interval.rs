@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::clock::{instant_after, NEVER_NS};
 use crate::{ShardedTimer, Sleep};
 
 /// What an [`Interval`] does when a tick completes late — the task did not poll it
@@ -73,11 +74,9 @@ impl MissedTickBehavior {
     }
 }
 
-/// `at + by`, or a century on when that does not fit (it never comes due).
+/// `at + by`, or about a century on when that does not fit (it never comes due).
 fn add_saturating(at: Instant, by: Duration) -> Instant {
-    at.checked_add(by)
-        .or_else(|| at.checked_add(Duration::from_secs(100 * 365 * 86_400)))
-        .unwrap_or(at)
+    instant_after(at, u64::try_from(by.as_nanos()).unwrap_or(NEVER_NS))
 }
 
 /// Ticks every `period` on a fixed grid; made by [`ShardedTimer::interval`] and

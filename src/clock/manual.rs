@@ -36,6 +36,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use super::instant_after;
 use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// A clock that moves only when told to, for tests: code with 30-second timeouts is
@@ -236,15 +237,9 @@ impl ManualTime {
         self.instant_at(now_ns)
     }
 
-    /// `start` plus `ns`, saturating at a century past the start.
+    /// `start` plus `ns` (see [`instant_after`]).
     fn instant_at(&self, ns: u64) -> Instant {
-        self.start
-            .checked_add(Duration::from_nanos(ns))
-            .or_else(|| {
-                self.start
-                    .checked_add(Duration::from_secs(100 * 365 * 86_400))
-            })
-            .unwrap_or(self.start)
+        instant_after(self.start, ns)
     }
 
     /// See [`ManualClock::advance`] and the ground rules.

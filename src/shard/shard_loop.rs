@@ -308,7 +308,7 @@ impl ShardThread {
                 let now_instant = turn.map_or_else(Instant::now, |turn| turn.now);
                 let now = clock.tick_of(now_instant);
                 // Lateness: this pass's clock reading less the start of each tick.
-                let now_ns = clock.ns_of(now_instant);
+                let now_ns = clock.instant_to_ns(now_instant);
                 let lateness = &shared.stats.lateness;
                 core.expire(now, &mut |expired| {
                     fired_any = true;
