@@ -518,11 +518,7 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        let deadline = match self.now().checked_add(delay) {
-            Some(deadline) => self.inner.clock.instant_to_ns(deadline),
-            None => NEVER_NS,
-        };
-        self.schedule_ns(deadline, f)
+        self.schedule_ns(self.ns_after(self.now(), delay), f)
     }
 
     /// Runs `f` once, on an executor thread, at or after `deadline`.
@@ -623,10 +619,7 @@ impl ShardedTimer {
     {
         let period = period.max(self.inner.tick);
         let start = self.now();
-        let deadline = match start.checked_add(period) {
-            Some(first) => self.inner.clock.instant_to_ns(first),
-            None => NEVER_NS,
-        };
+        let deadline = self.ns_after(start, period);
         self.enqueue(deadline, |id| {
             EntryRef::new_repeating(id, deadline, start, period, f)
         })
@@ -682,10 +675,7 @@ impl ShardedTimer {
     {
         let delay = delay.max(self.inner.tick);
         let start = self.now();
-        let deadline = match start.checked_add(delay) {
-            Some(first) => self.inner.clock.instant_to_ns(first),
-            None => NEVER_NS,
-        };
+        let deadline = self.ns_after(start, delay);
         self.enqueue(deadline, |id| {
             EntryRef::new_fixed_delay(id, deadline, start, delay, f)
         })
@@ -730,6 +720,14 @@ impl ShardedTimer {
             shard,
             inner.handle_options.clone(),
         ))
+    }
+
+    /// The deadline `delay` after `start`, in nanoseconds from tick 0; [`NEVER_NS`]
+    /// when it does not fit in an `Instant` (a delay such as `Duration::MAX`).
+    fn ns_after(&self, start: Instant, delay: Duration) -> u64 {
+        start.checked_add(delay).map_or(NEVER_NS, |deadline| {
+            self.inner.clock.instant_to_ns(deadline)
+        })
     }
 
     /// The service's now: `Instant::now()`, or its manual clock's.
