@@ -45,7 +45,7 @@ pub struct TimerHandle {
 /// What a handle needs of a service configured away from the defaults: the pending
 /// bound that a winning cancel frees, and the manual clock it reads the time from.
 /// A default service has none, so cloning its handles touches no shared count.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct HandleOptions {
     /// The service's pending bound.
     pub(crate) limit: Option<Arc<PendingLimit>>,

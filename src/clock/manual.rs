@@ -442,10 +442,9 @@ impl Drop for BatchMark {
 }
 
 /// Where a service reads the time: the system's `Instant::now()` or a [`ManualClock`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) enum TimeSource {
     /// `Instant::now()`.
-    #[default]
     System,
     /// A manual clock.
     Manual(Arc<ManualTime>),
