@@ -159,8 +159,10 @@ impl fmt::Debug for Callbacks {
 ///
 /// [`run`](Self::run) runs the timer's callback on the calling thread, catching a
 /// panic and counting it in its service's [`Stats::panicked`](crate::Stats::panicked).
-/// A `Callback` dropped unrun drops the callback (a repeating timer's run dropped
-/// unrun cancels that timer). It stays runnable after the service shut down or was
+/// A `Callback` dropped unrun drops the callback; a repeating timer's run dropped
+/// unrun cancels that timer (no later run is handed over, and its handle reads
+/// [`Cancelled`](crate::TimerState::Cancelled)), so a spawner whose executor has
+/// shut down is not handed runs for ever. It stays runnable after the service shut down or was
 /// dropped; a repeating timer whose run ends then is cancelled (after `shutdown` has
 /// returned) or handed back by that `shutdown` (if it is still collecting).
 pub struct Callback {
@@ -168,7 +170,7 @@ pub struct Callback {
     task: Option<ShardTask>,
     /// The timer.
     id: TimerId,
-    /// The instant of the tick the timer was due at.
+    /// The deadline asked for (not rounded to the tick).
     deadline: Instant,
     /// The service's count of panicked callbacks.
     panicked: Arc<AtomicU64>,
@@ -205,7 +207,9 @@ impl Callback {
         self.id
     }
 
-    /// When the timer was due: its deadline rounded up to the service's tick.
+    /// When the timer was due: the deadline asked for (not rounded to the tick), the
+    /// same instant its [`TimerHandle::deadline`](crate::TimerHandle::deadline)
+    /// reports; for a repeating timer, this run's.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }

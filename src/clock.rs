@@ -30,8 +30,15 @@ pub(crate) fn origin() -> Instant {
     *ORIGIN.get_or_init(Instant::now)
 }
 
-/// A deadline in nanoseconds that never comes due (a delay too large to represent).
+/// A deadline in nanoseconds that never comes due (a delay too large to represent,
+/// such as `Duration::MAX`): the one meaning of "never" for every path, timers and
+/// futures alike. Its instant ([`instant_after`]) is later than every other.
 pub(crate) const NEVER_NS: u64 = u64::MAX;
+
+/// The latest "now" a clock reaches, in nanoseconds from its start: a manual clock
+/// saturates here, where every deadline but [`NEVER_NS`] is due. One below it, so
+/// that time saturates forward and "never" stays never.
+pub(crate) const LAST_NS: u64 = NEVER_NS - 1;
 
 /// Nanoseconds from `start` to `deadline`: 0 before the start, [`NEVER_NS`] past what
 /// 64 bits of nanoseconds hold (584 years), which never comes due.
@@ -39,12 +46,13 @@ pub(crate) fn ns_since(start: Instant, deadline: Instant) -> u64 {
     u64::try_from(deadline.saturating_duration_since(start).as_nanos()).unwrap_or(NEVER_NS)
 }
 
-/// The instant `deadline_ns` after `start`; [`NEVER_NS`], or an instant `Instant`
-/// cannot hold, maps to about a century after the start.
+/// The instant `deadline_ns` after `start`, [`NEVER_NS`]'s included (584 years on),
+/// so that [`ns_since`] maps it back exactly and the order of instants is the order
+/// of nanoseconds. Only where `Instant` cannot hold that does it fall back to about a
+/// century after the start.
 pub(crate) fn instant_after(start: Instant, deadline_ns: u64) -> Instant {
-    (deadline_ns != NEVER_NS)
-        .then(|| start.checked_add(Duration::from_nanos(deadline_ns)))
-        .flatten()
+    start
+        .checked_add(Duration::from_nanos(deadline_ns))
         .or_else(|| start.checked_add(FAR_FUTURE))
         .unwrap_or(start)
 }

@@ -38,7 +38,8 @@
 //!    state word (`mark_filed`, `clear_moving`, `detach`), so at shutdown it knows every
 //!    message still to come and drains its message ring until all have arrived before
 //!    it exits. A sender's last access to the shard is the publication of its message
-//!    (`ShardShared::send_message` wakes the shard *before* publishing), so once the
+//!    (`ShardShared::push_and_wake` wakes the shard only *after* publishing, through
+//!    a thread handle it took before), so once the
 //!    shard has popped every message it waits for, no sender touches it again: the
 //!    [`CancelPort`] a handle keeps needs no reference count.
 
@@ -112,6 +113,10 @@ struct Vtable {
     /// Whether shutdown hands the timer back as an `Unfired` (user callbacks), or
     /// cancels it, dropping the callback (a `Sleep`'s, which then completes).
     hands_back: bool,
+    /// Whether the timer holds room under `max_pending` (freed when it fires or is
+    /// cancelled): every timer of `schedule*` and the `try_*` futures; not the timer of
+    /// an infallible future (`sleep`, `timeout`, `interval`: DESIGN.md guarantee 9).
+    holds_room: bool,
 }
 
 /// The allocation: header first, so a pointer to it is a pointer to the header.
@@ -132,13 +137,22 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
         call_again: None,
         next_run: None,
         hands_back: true,
+        holds_room: true,
     };
 
-    /// The vtable of a `Sleep`'s timer: as [`VTABLE`](Self::VTABLE), but shutdown
-    /// cancels it instead of handing it back.
+    /// The vtable of an infallible future's timer: as [`VTABLE`](Self::VTABLE), but
+    /// shutdown cancels it instead of handing it back, and it holds no room.
     const SLEEP_VTABLE: Vtable = Vtable {
         hands_back: false,
+        holds_room: false,
         ..Self::VTABLE
+    };
+
+    /// The vtable of a `try_*` future's timer: as [`SLEEP_VTABLE`](Self::SLEEP_VTABLE),
+    /// but it holds room under `max_pending`, as `schedule`'s timers do.
+    const TRY_SLEEP_VTABLE: Vtable = Vtable {
+        holds_room: true,
+        ..Self::SLEEP_VTABLE
     };
 
     /// # Safety
@@ -208,13 +222,20 @@ impl EntryRef {
     }
 
     /// As [`new`](Self::new), for a `Sleep`'s timer: shutdown cancels it (dropping the
-    /// callback, which completes the sleep) instead of handing it back.
+    /// callback, which completes the sleep) instead of handing it back. It holds room
+    /// under `max_pending` only if `holds_room` (a `try_*` future's).
     pub(crate) fn new_sleep<F: FnOnce() + Send + 'static>(
         id: TimerId,
         deadline: u64,
+        holds_room: bool,
         callback: F,
     ) -> (EntryRef, EntryRef) {
-        Self::allocate(id, deadline, &Entry::<F>::SLEEP_VTABLE, callback)
+        let vtable = if holds_room {
+            &Entry::<F>::TRY_SLEEP_VTABLE
+        } else {
+            &Entry::<F>::SLEEP_VTABLE
+        };
+        Self::allocate(id, deadline, vtable, callback)
     }
 
     /// One allocation holding the header and `callback`, with two references.
@@ -251,6 +272,12 @@ impl EntryRef {
     /// Whether shutdown hands this timer back as an `Unfired` (`false` for a sleep's).
     pub(crate) fn hands_back(&self) -> bool {
         self.header().vtable.hands_back
+    }
+
+    /// Whether this timer holds room under `max_pending`, to be freed when it fires or
+    /// is cancelled (`false` for an infallible future's timer).
+    pub fn holds_room(&self) -> bool {
+        self.header().vtable.holds_room
     }
 
     /// The header.
@@ -357,7 +384,9 @@ impl EntryRef {
         match header.state.finish_reset(deadline < old) {
             Finish::Pending { send_move } => {
                 if send_move {
-                    port.send_move(self.clone());
+                    // SAFETY: `finish_reset` set MOVING on this pending, undetached
+                    // entry for this very message (`send_move` is true only then).
+                    unsafe { port.send_move(self.clone()) };
                 }
                 true
             }
@@ -390,7 +419,9 @@ impl EntryRef {
         match self.header().state.try_cancel() {
             Cancel::Won { filed, running } => {
                 if filed {
-                    port.send_cancel(self.clone());
+                    // SAFETY: we won Pending → Cancelled with FILED set; this is the
+                    // one cancel message the shard waits for.
+                    unsafe { port.send_cancel(self.clone()) };
                 }
                 Some(CancelledCallback::new(self, !running))
             }

@@ -22,6 +22,9 @@ const WAITING: u8 = 0;
 pub const ELAPSED: u8 = 1;
 /// The service shut down before the deadline, or refused the timer.
 pub const ABANDONED: u8 = 2;
+/// The sleep was dropped or re-armed: its timer, cancelled next, wakes nobody
+/// (tokio's contract: dropping a timer future only cancels).
+pub const DISARMED: u8 = 3;
 
 /// What a sleep's timer callback and its future share: the outcome and the waker.
 ///
@@ -65,7 +68,26 @@ impl Shared {
         won
     }
 
-    /// `WAITING`, `ELAPSED` or `ABANDONED`.
+    /// A sleep whose deadline had passed when it was armed: elapsed, with no timer.
+    fn elapsed() -> Shared {
+        Shared {
+            outcome: AtomicU8::new(ELAPSED),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// The sleep's future gives its timer up (it is dropped or re-armed): unless the
+    /// timer already finished it, the outcome becomes `DISARMED`, so that the timer's
+    /// callback, dropped by the cancel that follows, wakes nobody. Returns whether
+    /// this call disarmed it.
+    pub fn disarm(&self) -> bool {
+        // ORDERING: AcqRel/Relaxed as in `finish`: the same word, the same readers.
+        self.outcome
+            .compare_exchange(WAITING, DISARMED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.
     pub fn outcome(&self) -> u8 {
         // ORDERING: Acquire pairs with the AcqRel CAS in `finish`.
         self.outcome.load(Ordering::Acquire)
@@ -100,7 +122,8 @@ impl Shared {
 }
 
 /// Finishes the sleep when the timer's callback is dropped without running (the
-/// service shut down), so a pending `Sleep` never hangs.
+/// service shut down), so a pending `Sleep` never hangs. A sleep that its future
+/// disarmed first (dropped, or re-armed) is not woken: `finish` loses to `DISARMED`.
 struct FinishOnDrop(Arc<Shared>);
 
 impl Drop for FinishOnDrop {
@@ -112,17 +135,22 @@ impl Drop for FinishOnDrop {
 /// A future that completes at or after a deadline; made by [`ShardedTimer::sleep`]
 /// and [`ShardedTimer::sleep_until`].
 ///
-/// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer (so a
-/// dropped `Sleep` leaves nothing pending). It keeps a clone of its service, so that
-/// [`reset`](Sleep::reset) can re-arm it after it completed.
+/// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer and
+/// wakes nobody (so a dropped `Sleep` leaves nothing pending, and a task dropping it
+/// while holding a lock its waker takes cannot deadlock). It keeps a clone of its
+/// service, so that [`reset`](Sleep::reset) can re-arm it after it completed. A
+/// deadline at or before the service's now needs no timer: the sleep completes at its
+/// first poll.
 ///
-/// When the service cannot keep the deadline — it shuts down while the sleep is
-/// pending, or refused the timer ([`ScheduleError::Shutdown`], or
-/// [`ScheduleError::TooManyPending`] under `max_pending`) — the sleep completes at once
-/// rather than hang, *before* its deadline: [`Sleep::is_elapsed`] then says `false`
-/// and [`Sleep::refused`] says why. A sleep's timer is never handed back by
-/// `shutdown` as an `Unfired`. Use [`ShardedTimer::try_sleep`] to be told of a
-/// refusal up front. `poll` never panics.
+/// A sleep always gets its timer: [`Builder::max_pending`](crate::Builder::max_pending)
+/// bounds `schedule*` and the `try_*` constructors, not the infallible ones, whose
+/// number the tasks holding them already bound. Only a shutdown completes a sleep
+/// before its deadline: if the service shuts down while the sleep is pending (or had
+/// shut down when it was made), it completes at once rather than hang;
+/// [`Sleep::is_elapsed`] then says `false` and [`Sleep::refused`] says
+/// [`ScheduleError::Shutdown`]. A sleep's timer is never handed back by `shutdown` as
+/// an `Unfired`. [`ShardedTimer::try_sleep`] reports a refusal up front instead,
+/// `max_pending`'s included. `poll` never panics.
 ///
 /// # Examples
 ///
@@ -162,14 +190,23 @@ struct Armed {
 }
 
 impl Armed {
-    /// Schedules a sleep's timer on `timer` for `deadline`. A refusal completes it at
-    /// once, with the reason in `refused`.
-    fn new(timer: &ShardedTimer, deadline: Instant) -> Armed {
+    /// Schedules a sleep's timer on `timer` for `deadline`; it holds room under
+    /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
+    /// the service's now needs no timer: the sleep is elapsed at once (DESIGN.md
+    /// guarantee 8). A refusal completes it at once, with the reason in `refused`.
+    fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Armed {
+        if deadline <= timer.now() {
+            return Armed {
+                shared: Arc::new(Shared::elapsed()),
+                handle: None,
+                refused: None,
+            };
+        }
         let shared = Arc::new(Shared::new());
         let guard = FinishOnDrop(shared.clone());
         // If the service refuses the timer, the callback and its guard are dropped,
         // which finishes the sleep as abandoned.
-        let scheduled = timer.schedule_sleep(deadline, move || {
+        let scheduled = timer.schedule_sleep(deadline, holds_room, move || {
             guard.0.finish(ELAPSED);
         });
         let (handle, refused) = match scheduled {
@@ -183,19 +220,23 @@ impl Armed {
         }
     }
 
-    /// Cancels the timer: frees it at once; a no-op if it already fired.
+    /// Cancels the timer, waking nobody (the future gives it up): frees it at once;
+    /// a no-op if it already fired.
     fn disarm(&self) {
-        if let Some(handle) = &self.handle {
-            let _ = handle.cancel();
+        if self.shared.disarm() {
+            if let Some(handle) = &self.handle {
+                let _ = handle.cancel();
+            }
         }
     }
 }
 
 impl Sleep {
-    /// A sleep until `deadline` on `timer`, its timer scheduled now.
-    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant) -> Sleep {
+    /// A sleep until `deadline` on `timer`, its timer scheduled now; bounded by
+    /// `max_pending` only if `holds_room` (the `try_*` constructors).
+    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Sleep {
         Sleep {
-            armed: Some(Armed::new(timer, deadline)),
+            armed: Some(Armed::new(timer, deadline, holds_room)),
             timer: timer.clone(),
             deadline,
         }
@@ -243,11 +284,12 @@ impl Sleep {
     }
 
     /// Moves the deadline to `deadline` and re-arms the sleep, whether or not it has
-    /// completed: it completes again at or after the new deadline (a past one: on the
-    /// next tick). A pending timer is moved in place, in O(1), through its handle's
-    /// [`reset_at`](TimerHandle::reset_at), earlier or later; a completed one is
-    /// replaced by a new timer. Poll the sleep again afterwards (as after tokio's
-    /// `Sleep::reset`): the task is woken only by the re-armed timer.
+    /// completed: it completes again at or after the new deadline (one at or before
+    /// the service's now: at the next poll, with no timer). A pending timer is moved in
+    /// place, in O(1), through its handle's [`reset_at`](TimerHandle::reset_at),
+    /// earlier or later; a completed one is replaced by a new timer. Poll the sleep
+    /// again afterwards (as after tokio's `Sleep::reset`): the task is woken only by
+    /// the re-armed timer; the timer given up wakes nobody.
     ///
     /// If the service has shut down, the sleep completes at once as when it is created
     /// then ([`refused`](Self::refused) says so).
@@ -274,7 +316,8 @@ impl Sleep {
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
         };
-        let moved = armed.shared.outcome() == WAITING
+        let moved = deadline > this.timer.now()
+            && armed.shared.outcome() == WAITING
             && armed
                 .handle
                 .as_ref()
@@ -283,7 +326,8 @@ impl Sleep {
             return;
         }
         armed.disarm();
-        this.armed = Some(Armed::new(&this.timer, deadline));
+        // A deadline at or before now: elapsed at once, with no timer.
+        this.armed = Some(Armed::new(&this.timer, deadline, false));
     }
 }
 
@@ -294,7 +338,9 @@ impl Future for Sleep {
         let this = self.get_mut();
         let armed = match &this.armed {
             Some(armed) => armed,
-            None => this.armed.insert(Armed::new(&this.timer, this.deadline)),
+            None => this
+                .armed
+                .insert(Armed::new(&this.timer, this.deadline, false)),
         };
         armed.shared.poll_finished(cx)
     }
@@ -320,8 +366,9 @@ impl fmt::Debug for Sleep {
 
 /// The error of a [`Timeout`] that gave up before its future completed: its deadline
 /// passed ([`refused`](Elapsed::refused) is `None`), or the service could not keep the
-/// deadline at all ([`refused`](Elapsed::refused) says why: it shut down, or refused the
-/// timer under `max_pending`) — then the deadline has *not* passed.
+/// deadline at all ([`refused`](Elapsed::refused) says why: it shut down, or, for
+/// [`ShardedTimer::try_timeout`] only, refused the timer under `max_pending`) — then
+/// the deadline has *not* passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Elapsed {
     /// Why the service could not keep the deadline, if that is why.
@@ -427,17 +474,17 @@ impl ShardedTimer {
     ///
     /// Never.
     pub fn sleep(&self, d: std::time::Duration) -> Sleep {
-        Sleep::new(self, self.deadline_after(d))
+        Sleep::new(self, self.deadline_after(d), false)
     }
 
-    /// A future that completes at or after `deadline`. A past deadline completes on
-    /// the next tick.
+    /// A future that completes at or after `deadline`. A deadline at or before the
+    /// service's now completes at the first poll, with no timer.
     ///
     /// # Panics
     ///
     /// Never.
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(self, deadline)
+        Sleep::new(self, deadline, false)
     }
 
     /// As [`sleep`](Self::sleep), but a refused timer is an error instead of a sleep
@@ -457,7 +504,7 @@ impl ShardedTimer {
     ///
     /// As [`try_sleep`](Self::try_sleep).
     pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
-        let sleep = Sleep::new(self, deadline);
+        let sleep = Sleep::new(self, deadline, true);
         match sleep.armed.as_ref().and_then(|armed| armed.refused) {
             None => Ok(sleep),
             Some(error) => Err(error),

@@ -120,7 +120,8 @@ impl TimerHandle {
         let Some(callback) = self.entry.cancel(&self.port) else {
             return false;
         };
-        if let Some(limit) = self.options.as_ref().and_then(|o| o.limit.as_ref()) {
+        let limit = self.options.as_ref().and_then(|o| o.limit.as_ref());
+        if let Some(limit) = limit.filter(|_| self.entry.holds_room()) {
             limit.release();
         }
         drop(callback);

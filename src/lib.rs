@@ -197,7 +197,7 @@ pub mod __loom {
         Message, RunningEntry, Snapshot,
     };
     pub use crate::executor::{Executor, Task};
-    pub use crate::future::{Shared as SleepShared, ABANDONED, ELAPSED};
+    pub use crate::future::{Shared as SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{Cursors, Expired, ShardCore, ShardShared, AWAKE, NEVER};

@@ -60,7 +60,8 @@ pub struct Ring<T> {
 pub struct Cursor {
     /// Next position to pop.
     head: usize,
-    /// Address of the ring this cursor belongs to (checked by every `pop`).
+    /// The brand of the ring this cursor belongs to: the address of its slots'
+    /// allocation, which moves with the ring (checked by every `pop`).
     ring: usize,
 }
 
@@ -151,7 +152,14 @@ impl<T> Ring<T> {
             slots,
             mask: capacity - 1,
         };
-        (ring, CursorSeed(()))
+        let brand = ring.brand();
+        (ring, CursorSeed(brand))
+    }
+
+    /// What ties a seed and a cursor to this ring: the address of its slots'
+    /// allocation, unique while the ring lives and unchanged when the ring moves.
+    fn brand(&self) -> usize {
+        self.slots.as_ptr() as usize
     }
 
     /// The number of slots.
@@ -260,7 +268,8 @@ impl<T> Ring<T> {
         // ring's consumer also reads, which is undefined behaviour, so this is checked
         // in release builds too.
         assert_eq!(
-            cursor.ring, self as *const Self as usize,
+            cursor.ring,
+            self.brand(),
             "ring invariant: a cursor pops only the ring it was made for"
         );
         let position = cursor.head;
@@ -332,16 +341,28 @@ impl<T> Drop for Ring<T> {
     }
 }
 
-/// The right to make the ring's one [`Cursor`].
+/// The right to make the ring's one [`Cursor`]: returned only by [`Ring::new`],
+/// branded with that ring, and consumed by [`cursor`](Self::cursor), so no ring ever
+/// has two consumers.
 #[derive(Debug)]
-pub struct CursorSeed(());
+pub struct CursorSeed(usize);
 
 impl CursorSeed {
-    /// The cursor of `ring` (the ring's final address).
+    /// The cursor of `ring`, the ring this seed came with.
+    ///
+    /// # Panics
+    ///
+    /// If `ring` is not the ring whose [`Ring::new`] returned this seed (a second
+    /// consumer for another ring would be undefined behaviour).
     pub fn cursor<T>(self, ring: &Ring<T>) -> Cursor {
+        assert_eq!(
+            self.0,
+            ring.brand(),
+            "ring invariant: a seed makes the cursor of its own ring only"
+        );
         Cursor {
             head: 0,
-            ring: ring as *const Ring<T> as usize,
+            ring: self.0,
         }
     }
 }
@@ -390,6 +411,24 @@ mod tests {
             assert_eq!(ring.pop(&mut cursor), None);
             assert!(!ring.has_pending(&cursor));
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "a seed makes the cursor of its own ring only")]
+    fn a_seed_cannot_make_a_cursor_for_another_ring() {
+        let (first, _first_seed) = Ring::<u32>::new(4);
+        let (_second, second_seed) = Ring::<u32>::new(4);
+        // A second consumer for `first` would race its real one: refused.
+        let _ = second_seed.cursor(&first);
+    }
+
+    #[test]
+    fn a_cursor_follows_its_ring_when_the_ring_moves() {
+        let (ring, seed) = Ring::new(4);
+        let mut cursor = seed.cursor(&ring);
+        assert!(ring.push(7u32).is_ok());
+        let moved = Box::new(ring);
+        assert_eq!(moved.pop(&mut cursor), Some(7));
     }
 
     #[test]

@@ -48,6 +48,7 @@ mod shard_loop;
 use crate::clock::{BatchMark, Clock, TimeSource};
 use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
 use crate::executor::Task;
+use crate::limit::PendingLimit;
 use crate::ring::{Cursor, Reserve, Ring};
 use crate::stats::{LatenessHistogram, LatenessRecorder};
 use crate::sync::{
@@ -104,12 +105,13 @@ impl ShardTask {
         }
     }
 
-    /// Gives the task up unrun: a one-shot timer's callback is dropped; a repeating
-    /// timer's run is skipped (counted in `skipped`) and the timer goes on.
+    /// Gives the task up unrun (a spawner dropped its `Callback`): a one-shot timer's
+    /// callback is dropped; a repeating timer is cancelled, so that no later run is
+    /// handed over again.
     pub(crate) fn cancel_unrun(self) {
         match self {
             ShardTask::Fired(task) => drop(task),
-            ShardTask::Run(task) => task.end(false, None),
+            ShardTask::Run(task) => task.cancel(),
             ShardTask::Mark(mark) => drop(mark),
         }
     }
@@ -133,30 +135,45 @@ impl RunTask {
     fn run(mut self) {
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.running.call()));
-        self.end(true, outcome.err());
+        self.end(outcome.err());
     }
 
-    /// Ends the run (called or not): schedules the next at the fixed rate, counting
-    /// the runs skipped (this one too, if it did not run), and hands the entry back
-    /// to its shard; then re-raises the callback's panic, if any, for the executor to
+    /// Ends the run: schedules the next at the fixed rate, counting the runs skipped,
+    /// and hands the entry back to its shard (or, if it was cancelled meanwhile, counts
+    /// the cancel); then re-raises the callback's panic, if any, for the executor to
     /// count.
-    fn end(self, ran: bool, panic: Option<Box<dyn std::any::Any + Send>>) {
+    fn end(self, panic: Option<Box<dyn std::any::Any + Send>>) {
         let RunTask {
             mut running,
             shard,
             clock,
         } = self;
         let (next, skipped) = running.schedule_next(shard.time.now(), |at| clock.instant_to_ns(at));
-        let skipped = skipped + u64::from(!ran);
         if skipped > 0 {
             // ORDERING: Relaxed: a statistic.
             shard.skipped.fetch_add(skipped, Ordering::Relaxed);
         }
-        if let Some(entry) = running.finish() {
-            shard.refile_run(entry, clock.due_tick(next));
+        match running.finish() {
+            Some(entry) => shard.refile_run(entry, clock.due_tick(next)),
+            None => shard.count_run_cancelled(),
         }
         if let Some(panic) = panic {
             std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// The run is given up unrun: cancels the timer (unless a handle's cancel won
+    /// first), frees its room, counts the cancel, and only then drops the callback.
+    fn cancel(self) {
+        let RunTask { running, shard, .. } = self;
+        if running.try_cancel() {
+            if let Some(limit) = &shard.limit {
+                limit.release();
+            }
+        }
+        shard.count_run_cancelled();
+        if let Some(entry) = running.finish() {
+            unreachable!("run invariant: a cancelled run hands no entry back ({entry:?})");
         }
     }
 }
@@ -169,6 +186,8 @@ pub struct ShardStats {
     pub scheduled: AtomicU64,
     /// Timers that won Pending → Fired (and runs of repeating timers).
     pub fired: AtomicU64,
+    /// Runs of repeating timers started (counted in `fired` too).
+    pub runs: AtomicU64,
     /// Cancelled timers the shard has discarded or unlinked.
     pub cancelled: AtomicU64,
     /// Lateness of the timers this shard fired.
@@ -184,6 +203,12 @@ pub(crate) struct Load {
     pub(crate) fired: u64,
     /// Cancelled and processed.
     pub(crate) cancelled: u64,
+    /// Runs of repeating timers started (in `fired` too).
+    pub(crate) runs: u64,
+    /// Of `scheduled`, the re-filings of repeating timers after a run.
+    pub(crate) refiled: u64,
+    /// Handed back (or cancelled) by shutdown.
+    pub(crate) returned: u64,
     /// Runs of repeating timers skipped.
     pub(crate) skipped: u64,
     /// Waiting in the insert ring.
@@ -235,6 +260,18 @@ pub struct ShardShared {
     /// Runs of repeating timers skipped because they fell a whole period behind;
     /// written by executor threads (Relaxed `fetch_add`), exact at quiescence.
     pub(crate) skipped: AtomicU64,
+    /// Repeating timers re-filed after a run: their insert counts in
+    /// `stats.scheduled` but is not a new timer. Written by the runners (Relaxed
+    /// `fetch_add`), exact at quiescence.
+    refiled: AtomicU64,
+    /// Repeating timers cancelled while out of the wheel for a run (the shard never
+    /// sees those cancels). Written by the runners (Relaxed `fetch_add`).
+    run_cancelled: AtomicU64,
+    /// Pending timers that shutdown took out of this shard (handed back as `Unfired`,
+    /// or cancelled if a sleep's). Written at shutdown (Relaxed `fetch_add`).
+    pub(crate) returned: AtomicU64,
+    /// The `max_pending` bound, if any: a run cancelled by its runner frees room.
+    limit: Option<Arc<PendingLimit>>,
     /// Pushes into either ring that found it full and waited; written by producers on
     /// that slow path only. A plain `std` atomic, also under loom: a statistic in no
     /// protocol.
@@ -276,11 +313,16 @@ impl ShardShared {
     /// the service uses [`with_time`](Self::with_time).)
     #[cfg(loom)]
     pub fn new(ring_capacity: usize) -> (Arc<ShardShared>, Cursors) {
-        Self::with_time(ring_capacity, TimeSource::System)
+        Self::with_time(ring_capacity, TimeSource::System, None)
     }
 
-    /// As [`new`](Self::new), reading the time from `time`.
-    pub(crate) fn with_time(ring_capacity: usize, time: TimeSource) -> (Arc<ShardShared>, Cursors) {
+    /// As [`new`](Self::new), reading the time from `time`, under the pending bound
+    /// `limit` if any.
+    pub(crate) fn with_time(
+        ring_capacity: usize,
+        time: TimeSource,
+        limit: Option<Arc<PendingLimit>>,
+    ) -> (Arc<ShardShared>, Cursors) {
         let (insert, insert_seed) = Ring::new(ring_capacity);
         let (messages, messages_seed) = Ring::new(ring_capacity);
         let shared = Arc::new(ShardShared {
@@ -291,6 +333,10 @@ impl ShardShared {
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
             skipped: AtomicU64::new(0),
+            refiled: AtomicU64::new(0),
+            run_cancelled: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            limit,
             ring_full_waits: std::sync::atomic::AtomicU64::new(0),
             late: Mutex::new(Late::default()),
             canary: Canary::new(),
@@ -324,7 +370,15 @@ impl ShardShared {
             // ORDERING: as above.
             fired: self.stats.fired.load(Ordering::Relaxed),
             // ORDERING: as above.
-            cancelled: self.stats.cancelled.load(Ordering::Relaxed),
+            cancelled: self.stats.cancelled.load(Ordering::Relaxed)
+                // ORDERING: as above.
+                + self.run_cancelled.load(Ordering::Relaxed),
+            // ORDERING: as above.
+            runs: self.stats.runs.load(Ordering::Relaxed),
+            // ORDERING: as above.
+            refiled: self.refiled.load(Ordering::Relaxed),
+            // ORDERING: as above.
+            returned: self.returned.load(Ordering::Relaxed),
             // ORDERING: as above.
             skipped: self.skipped.load(Ordering::Relaxed),
             in_ring: self.insert.reserved_since(scheduled),
@@ -424,11 +478,16 @@ impl ShardShared {
                         self.ring_full_waits
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    // A callback on this shard's own thread (inline, or a spawner)
-                    // cannot wait for the shard: it takes the rings in itself (a slot
-                    // reserved by another producer and not yet written still waits
-                    // for that producer: hence the back-off either way).
-                    if !shard_loop::drain_own_rings(self) {
+                    // Code on a shard thread (an inline callback, a spawner) never
+                    // waits for a shard while its own rings stay full: the shard it
+                    // waits for may be waiting for it, through the same code. So it
+                    // takes its own rings in before each back-off (which makes room
+                    // for whoever waits on them); if the full ring is its own, that
+                    // is all it needs (a slot reserved by another producer and not
+                    // yet written still waits for that producer: hence the back-off
+                    // either way).
+                    let drained_own = shard_loop::drain_own_rings();
+                    if !(drained_own && shard_loop::is_own_thread(self)) {
                         // The canary watches message senders, which reach the shard
                         // through a port and must not outlive its shutdown (ground
                         // rules). A producer of a new timer holds the service, whose
@@ -462,9 +521,21 @@ impl ShardShared {
     /// Files a repeating timer's next run, due at tick `next`, after its run ended;
     /// if the shard has shut down, hands it to the late list instead.
     pub fn refile_run(&self, entry: EntryRef, next: u64) {
+        // Counted first: a re-filing is not a new timer, and the shard may count its
+        // insert as soon as it is published.
+        // ORDERING: Relaxed: a statistic, exact at quiescence.
+        self.refiled.fetch_add(1, Ordering::Relaxed);
         if let Err(entry) = self.push_insert(entry, next) {
+            // ORDERING: as above.
+            self.refiled.fetch_sub(1, Ordering::Relaxed);
             self.hand_back_late(entry);
         }
+    }
+
+    /// Counts a repeating timer cancelled while out of the wheel for a run.
+    fn count_run_cancelled(&self) {
+        // ORDERING: Relaxed: a statistic, exact at quiescence.
+        self.run_cancelled.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A repeating timer whose run ended after the shard shut down: kept for
@@ -478,7 +549,9 @@ impl ShardShared {
         }
         drop(late);
         let _ = entry.detach();
-        drop(entry.cancel_detached());
+        let cancelled = entry.cancel_detached();
+        self.count_run_cancelled();
+        drop(cancelled);
     }
 
     /// Takes the repeating timers that came back after the shard shut down, and seals

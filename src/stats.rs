@@ -248,7 +248,8 @@ impl LatenessRecorder {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardLoad {
-    /// Timers in this shard's wheel that have neither fired nor been cancelled.
+    /// Timers in this shard's wheel that have neither fired nor been cancelled (a
+    /// repeating timer is pending until cancelled, its runs included).
     pub pending: u64,
     /// Timers in this shard's insert ring, not yet taken into its wheel (reserved
     /// slots included).
@@ -265,8 +266,11 @@ pub struct ShardLoad {
 ///
 /// Each shard counts what it has processed, so the counters are cheap (no shared
 /// counter on the hot path) and exact at quiescence: once every timer has fired or
-/// been cancelled and the shards have caught up,
-/// `scheduled == fired + cancelled + pending`. A timer still in a shard's insert ring
+/// been cancelled and the shards have caught up, `scheduled == fired + cancelled +
+/// pending` for one-shot timers. A repeating timer counts once in `scheduled` and
+/// once in `cancelled` (or not at all, if `shutdown` handed it back), however many
+/// times it ran; each run counts in `fired`. Once `shutdown` has returned, `pending`
+/// is 0: what it handed back, or cancelled for a sleep, is no longer pending. A timer still in a shard's insert ring
 /// is counted in `in_rings` until the shard takes it in: at once if its deadline is
 /// earlier than anything the shard holds, otherwise when the shard next wakes, which
 /// [`ShardedTimer::stats`](crate::ShardedTimer::stats) itself prompts (it unparks
@@ -292,12 +296,13 @@ pub struct ShardLoad {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Timers the shards hold that have neither fired nor been cancelled
-    /// (`scheduled - fired - cancelled`).
+    /// Timers the shards hold that have neither fired nor been cancelled, nor been
+    /// handed back by `shutdown` (a repeating timer is pending until cancelled).
     pub pending: u64,
-    /// Timers the shards have taken in.
+    /// Timers the shards have taken in; a repeating timer once, not once per run.
     pub scheduled: u64,
-    /// Timers whose callbacks were handed to the executor.
+    /// Timers whose callbacks were handed to the executor, and runs of repeating
+    /// timers.
     pub fired: u64,
     /// Cancelled timers the shards have processed.
     pub cancelled: u64,

@@ -242,7 +242,8 @@ impl Builder {
         let mut shared = Vec::with_capacity(shards);
         let mut shard_threads = Vec::with_capacity(shards);
         for index in 0..shards {
-            let (shard, cursors) = ShardShared::with_time(self.ring_capacity, time.clone());
+            let (shard, cursors) =
+                ShardShared::with_time(self.ring_capacity, time.clone(), limit.clone());
             let shard_thread = ShardThread::new(
                 shard.clone(),
                 cursors,
@@ -409,14 +410,25 @@ impl Inner {
         };
         pending.extend(threads.join(&self.executor, caller_is_worker, caller_shard));
         drop(guard);
+        // What the calling shard fired with this callback runs (or reaches the
+        // spawner) before `shutdown` returns, as with the pool; and before the late
+        // lists are sealed, so that a repeating timer queued behind this callback
+        // comes back below, as from the pool, instead of being cancelled.
+        if caller_shard.is_some() {
+            dispatch_rest_here();
+        }
         // Repeating timers whose run ended after their shard stopped come back too;
         // taking them seals each list (a run ending later cancels its timer).
         for shard in self.shards.iter() {
+            let mut returned = 0;
             for entry in shard.take_late() {
                 if entry.detach().state() == TimerState::Pending {
                     pending.push(entry);
+                    returned += 1;
                 }
             }
+            // ORDERING: Relaxed: a statistic.
+            shard.returned.fetch_add(returned, Ordering::Relaxed);
         }
         let mut unfired = Vec::with_capacity(pending.len());
         let mut sleeps = Vec::new();
@@ -433,11 +445,6 @@ impl Inner {
         // user code: the service's own bookkeeping is done by now.
         for entry in sleeps {
             drop(entry.cancel_detached());
-        }
-        // What the calling shard fired with this callback runs (or reaches the
-        // spawner) before `shutdown` returns, as with the pool.
-        if caller_shard.is_some() {
-            dispatch_rest_here();
         }
         unfired
     }
@@ -546,21 +553,26 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        self.enqueue(deadline, |id| EntryRef::new(id, deadline, f))
+        self.enqueue(deadline, true, |id| EntryRef::new(id, deadline, f))
     }
 
     /// Schedules a `Sleep`'s callback at `deadline`: as [`schedule_at`](Self::schedule_at),
-    /// but shutdown cancels it (completing the sleep) instead of handing it back.
+    /// but shutdown cancels it (completing the sleep) instead of handing it back, and
+    /// only a `try_*` future's timer (`holds_room`) is bounded by `max_pending`: an
+    /// infallible future always gets its timer (DESIGN.md guarantee 9).
     pub(crate) fn schedule_sleep<F>(
         &self,
         deadline: Instant,
+        holds_room: bool,
         f: F,
     ) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
     {
         let deadline = self.inner.clock.instant_to_ns(deadline);
-        self.enqueue(deadline, |id| EntryRef::new_sleep(id, deadline, f))
+        self.enqueue(deadline, holds_room, |id| {
+            EntryRef::new_sleep(id, deadline, holds_room, f)
+        })
     }
 
     /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
@@ -620,7 +632,7 @@ impl ShardedTimer {
         let period = period.max(self.inner.tick);
         let start = self.now();
         let deadline = self.ns_after(start, period);
-        self.enqueue(deadline, |id| {
+        self.enqueue(deadline, true, |id| {
             EntryRef::new_repeating(id, deadline, start, period, f)
         })
     }
@@ -676,17 +688,18 @@ impl ShardedTimer {
         let delay = delay.max(self.inner.tick);
         let start = self.now();
         let deadline = self.ns_after(start, delay);
-        self.enqueue(deadline, |id| {
+        self.enqueue(deadline, true, |id| {
             EntryRef::new_fixed_delay(id, deadline, start, delay, f)
         })
     }
 
-    /// Checks the service is up and has room, makes the entry due at `deadline`
-    /// (nanoseconds from tick 0; `make` gets its id), routes it by the hash of its id
-    /// and pushes it to that shard's ring.
+    /// Checks the service is up and (if the timer `holds_room`) has room, makes the
+    /// entry due at `deadline` (nanoseconds from tick 0; `make` gets its id), routes it
+    /// by the hash of its id and pushes it to that shard's ring.
     fn enqueue(
         &self,
         deadline: u64,
+        holds_room: bool,
         make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
     ) -> Result<TimerHandle, ScheduleError> {
         let inner = &*self.inner;
@@ -695,7 +708,8 @@ impl ShardedTimer {
         if inner.stopped.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        if let Some(limit) = &inner.limit {
+        let limit = inner.limit.as_ref().filter(|_| holds_room);
+        if let Some(limit) = limit {
             if !limit.try_acquire() {
                 return Err(ScheduleError::TooManyPending {
                     limit: limit.limit(),
@@ -710,7 +724,7 @@ impl ShardedTimer {
             // references drops the callback.
             drop(service_ref);
             drop(handle_ref);
-            if let Some(limit) = &inner.limit {
+            if let Some(limit) = limit {
                 limit.release();
             }
             return Err(ScheduleError::Shutdown);
@@ -821,7 +835,14 @@ impl ShardedTimer {
         let mut lateness = LatenessHistogram::default();
         for shard in self.inner.shards.iter() {
             let load = shard.load();
-            stats.scheduled += load.scheduled;
+            // A repeating timer counts once in `scheduled`, and leaves `pending` only
+            // when it is cancelled or handed back: its runs count in `fired` alone.
+            let scheduled = load.scheduled.saturating_sub(load.refiled);
+            let pending = scheduled.saturating_sub(
+                load.fired.saturating_sub(load.runs) + load.cancelled + load.returned,
+            );
+            stats.scheduled += scheduled;
+            stats.pending += pending;
             stats.fired += load.fired;
             stats.cancelled += load.cancelled;
             stats.in_rings += load.in_ring;
@@ -829,16 +850,13 @@ impl ShardedTimer {
             stats.skipped += load.skipped;
             lateness.merge(&load.lateness);
             stats.shards.push(ShardLoad {
-                pending: load.scheduled.saturating_sub(load.fired + load.cancelled),
+                pending,
                 in_ring: load.in_ring,
                 fired: load.fired,
                 ring_full_waits: load.ring_full_waits,
                 lateness: load.lateness,
             });
         }
-        stats.pending = stats
-            .scheduled
-            .saturating_sub(stats.fired + stats.cancelled);
         // ORDERING: Relaxed: a statistic.
         stats.panicked =
             self.inner.executor.panicked() + self.inner.callback_panics.load(Ordering::Relaxed);

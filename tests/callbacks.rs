@@ -336,23 +336,7 @@ fn a_panicking_spawner_is_counted_and_its_callback_dropped() {
     assert_eq!(dropped.dropped(), 1);
 }
 
-#[test]
-fn a_repeating_run_dropped_unrun_is_skipped_and_the_timer_goes_on() {
-    let (callbacks, queue) = queued();
-    let timer = service(1, callbacks);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let runs_clone = runs.clone();
-    let handle = timer
-        .schedule_repeating(Duration::from_millis(2), move || {
-            runs_clone.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
-    drop(queue.recv_timeout(WAIT).unwrap());
-    queue.recv_timeout(WAIT).unwrap().run();
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(timer.stats().skipped >= 1);
-    assert!(handle.cancel());
-}
+// A repeating timer's run dropped unrun cancels the timer: tests/regressions.rs, d6.
 
 #[test]
 fn with_a_spawner_shutdown_waits_for_the_hand_over_not_the_run() {

@@ -147,7 +147,7 @@ fn a_pending_sleep_completes_at_shutdown_unelapsed_and_is_not_handed_back() {
 /// passed: `try_timeout` refuses up front, and `timeout` resolves to an `Elapsed`
 /// that says the deadline was refused, not reached.
 #[test]
-fn a_timeout_that_gets_no_timer_says_so_instead_of_elapsing() {
+fn under_max_pending_only_try_timeout_is_refused_and_only_shutdown_ends_a_timeout_early() {
     let timer = support::one_shard_timer_bounded(1);
     let _held = timer.schedule(Duration::from_secs(3600), || {}).unwrap();
     let refused = timer.try_timeout(Duration::from_secs(3600), std::future::pending::<()>());
@@ -155,11 +155,18 @@ fn a_timeout_that_gets_no_timer_says_so_instead_of_elapsing() {
         refused.err(),
         Some(sharded_timer::ScheduleError::TooManyPending { limit: 1 })
     );
-    let outcome = block_on(timer.timeout(Duration::from_secs(3600), std::future::pending::<()>()));
-    let elapsed = outcome.expect_err("no timer: the timeout cannot wait");
-    assert_eq!(
-        elapsed.refused(),
-        Some(sharded_timer::ScheduleError::TooManyPending { limit: 1 })
-    );
     assert!(timer.try_sleep(Duration::from_secs(1)).is_err());
+    // The infallible form gets its timer and waits (guarantee 9)...
+    let mut timeout = pin!(timer.timeout(Duration::from_secs(3600), std::future::pending::<()>()));
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    assert!(timeout.as_mut().poll(&mut cx).is_pending());
+    // ...until a shutdown, which ends it and says why.
+    drop(timer.shutdown());
+    match timeout.as_mut().poll(&mut cx) {
+        Poll::Ready(Err(elapsed)) => assert_eq!(
+            elapsed.refused(),
+            Some(sharded_timer::ScheduleError::Shutdown)
+        ),
+        other => panic!("shutdown ends the timeout: {other:?}"),
+    }
 }

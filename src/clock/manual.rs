@@ -36,7 +36,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::instant_after;
+use super::{instant_after, LAST_NS};
 use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// A clock that moves only when told to, for tests: code with 30-second timeouts is
@@ -108,7 +108,9 @@ impl ManualClock {
     ///
     /// No wall-clock sleep anywhere: a 30-second timeout fires in microseconds.
     /// `Duration::ZERO` moves nothing and still runs what is due. A time beyond
-    /// `u64::MAX` nanoseconds from the start saturates.
+    /// `u64::MAX - 1` nanoseconds (584 years) from the start saturates there: time
+    /// never goes backwards, every finite deadline is due, and `Duration::MAX` (for a
+    /// timer or a future alike) never is.
     ///
     /// Called from a callback of a service this clock drives (on its shard thread or
     /// its pool), it moves the time and wakes the shards but returns without waiting:
@@ -246,7 +248,8 @@ impl ManualTime {
     fn advance(&self, by: Duration) {
         let by_ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         let mut progress = self.lock();
-        progress.now_ns = progress.now_ns.saturating_add(by_ns);
+        // Saturates at LAST_NS, forward: every deadline but "never" is due there.
+        progress.now_ns = progress.now_ns.saturating_add(by_ns).min(LAST_NS);
         let waits = RUNNING_FOR.with(Cell::get).0 != self.address();
         loop {
             let activity = progress.activity;

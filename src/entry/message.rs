@@ -46,21 +46,31 @@ impl<S: CancelSink> CancelPort<S> {
         CancelPort(NonNull::from(sink))
     }
 
-    /// Sends a cancel message. Call only after winning Pending → Cancelled with
-    /// `FILED` set (the shard then waits for exactly this message).
-    pub(super) fn send_cancel(&self, entry: EntryRef) {
-        // SAFETY: the caller won Pending → Cancelled with FILED set, so the sink waits
-        // for this message before it goes (ground rule 4, and `new`'s first point), and
-        // a sender touches nothing of it after publishing.
+    /// Sends a cancel message for `entry`.
+    ///
+    /// # Safety
+    ///
+    /// - The caller won Pending → Cancelled on `entry` with `FILED` set, so the sink
+    ///   waits for exactly this message before it goes (ground rule 4), and this is
+    ///   that message (sent once).
+    pub(super) unsafe fn send_cancel(&self, entry: EntryRef) {
+        // SAFETY: by the caller's obligation the sink waits for this message, so it is
+        // still at its address (`new`'s first point); a sender touches nothing of it
+        // after publishing.
         let sink = unsafe { self.0.as_ref() };
         sink.send_cancel(entry);
     }
 
-    /// Sends a move message. Call only after setting `MOVING` on a pending entry that
-    /// is not detached (the shard then waits for exactly this message).
-    pub(super) fn send_move(&self, entry: EntryRef) {
-        // SAFETY: the caller set MOVING on an undetached pending entry, so the sink
-        // waits for this message before it goes (ground rule 4).
+    /// Sends a move message for `entry`.
+    ///
+    /// # Safety
+    ///
+    /// - The caller set `MOVING` on `entry`, pending and not detached, so the sink
+    ///   waits for exactly this message before it goes (ground rule 4), and this is
+    ///   that message (sent once).
+    pub(super) unsafe fn send_move(&self, entry: EntryRef) {
+        // SAFETY: by the caller's obligation the sink waits for this message (ground
+        // rule 4), so it is still at its address (`new`'s first point).
         let sink = unsafe { self.0.as_ref() };
         sink.send_move(entry);
     }

@@ -61,6 +61,7 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
         call_again: Some(Self::call_again),
         next_run: Some(Self::next_run),
         hands_back: true,
+        holds_room: true,
     };
 
     /// # Safety
@@ -228,6 +229,24 @@ impl RunningEntry {
         // `finish_run`'s Release) to the shard's loads.
         entry.header().deadline.store(deadline, Ordering::Release);
         (deadline, skipped)
+    }
+
+    /// Cancels the timer during its run, as a handle's `cancel` would (Pending →
+    /// Cancelled; the callback stays with this run, which drops it in
+    /// [`finish`](Self::finish)). Returns whether this call won: the caller then frees
+    /// the timer's room. No message: a running entry is out of its shard's wheel
+    /// (`FILED` is clear while `RUNNING` is set).
+    pub fn try_cancel(&self) -> bool {
+        match self.entry().header().state.try_cancel() {
+            super::Cancel::Won { filed, running } => {
+                debug_assert!(
+                    running && !filed,
+                    "run invariant: a running entry is unfiled (would be a lost message)"
+                );
+                true
+            }
+            super::Cancel::Lost(_) => false,
+        }
     }
 
     /// Ends the run: the entry back if the timer is still pending (the caller files

@@ -83,9 +83,16 @@ const RUNNING: u32 = 1 << 6;
 const CLAIMING: u32 = 1 << 7;
 /// One reference: the count lives in bits 8–31.
 const REF: u32 = 1 << 8;
-/// References beyond this abort the process, as `Arc` does: the count (24 bits) must
-/// never wrap into the flags.
-const MAX_REFS: u32 = 1 << 23;
+/// Where the count saturates (Linux's `refcount_t`): a count that reaches it is moved
+/// to [`SATURATED_MIDDLE`] and stays in the saturated range for ever, so the entry is
+/// never freed (a leak, never a use-after-free, never an abort). Every later
+/// increment or decrement of a saturated count is undone at once by the thread that
+/// made it.
+const SATURATED_REFS: u32 = 1 << 23;
+/// The middle of the saturated range `[2^23, 2^24)`: 2^22 racing increments or
+/// decrements, each not yet undone, could neither leave the range nor carry past bit
+/// 31.
+const SATURATED_MIDDLE: u32 = 3 << 22;
 
 /// A loaded value of the state word.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -189,25 +196,38 @@ impl StateWord {
         StateWord(AtomicU32::new(PENDING | (refs * REF)))
     }
 
-    /// Takes one more reference; the caller holds one. Aborts the process if the
-    /// count would pass [`MAX_REFS`].
+    /// Takes one more reference; the caller holds one. At [`SATURATED_REFS`] the
+    /// count saturates: the increment is undone and the entry is kept for ever.
     pub(crate) fn add_ref(&self) {
         // ORDERING: Relaxed, as `Arc::clone`: a new reference is made from one we
         // hold, so the allocation cannot be freed meanwhile; nothing is published.
-        let previous = self.0.fetch_add(REF, Ordering::Relaxed);
-        if previous / REF > MAX_REFS {
-            std::process::abort();
+        let previous = self.0.fetch_add(REF, Ordering::Relaxed) / REF;
+        if previous >= SATURATED_REFS {
+            // ORDERING: Relaxed: undoes our own increment of a saturated count.
+            self.0.fetch_sub(REF, Ordering::Relaxed);
+        } else if previous + 1 == SATURATED_REFS {
+            // Ours reached the saturated range: move to its middle, out of reach of
+            // racing transients. ORDERING: Relaxed: an RMW of the count bits alone.
+            self.0
+                .fetch_add((SATURATED_MIDDLE - SATURATED_REFS) * REF, Ordering::Relaxed);
         }
     }
 
     /// Lets one reference go; returns the word before if it was the last (the
-    /// caller then frees the entry: nobody else can change the word any more).
+    /// caller then frees the entry: nobody else can change the word any more). A
+    /// saturated count is left as it is: the entry is never freed.
     pub(crate) fn drop_ref(&self) -> Option<Snapshot> {
         // ORDERING: AcqRel. Release: our uses of the entry happen-before the free by
         // whoever drops last. Acquire (for the last owner): every other owner's uses
         // happen-before our free. An AcqRel RMW instead of Release plus an Acquire
         // fence, which loom models poorly.
         let previous = self.0.fetch_sub(REF, Ordering::AcqRel);
+        if previous / REF >= SATURATED_REFS {
+            // ORDERING: Relaxed: undoes our own decrement of a saturated count, which
+            // thus never reaches 1; nothing is freed, so nothing needs ordering.
+            self.0.fetch_add(REF, Ordering::Relaxed);
+            return None;
+        }
         (previous / REF == 1).then_some(Snapshot(previous))
     }
 

@@ -254,14 +254,16 @@ impl ShardCore {
         } = self;
         let due_by = ticks.due_by(now);
         let mut fired = 0;
+        let mut runs = 0;
         wheel.advance(store, now, &mut |store, ptr| {
             // SAFETY: the wheel hands back each filed pointer once, and its reference
             // (given up by `release` when filed) is unclaimed until now.
             let entry = unsafe { store.claim(ptr) };
+            let holds_room = entry.holds_room();
             match entry.try_fire_due(due_by) {
                 Due::Fired(task) => {
                     fired += 1;
-                    if let Some(limit) = limit.as_deref() {
+                    if let Some(limit) = limit.as_deref().filter(|_| holds_room) {
                         limit.release();
                     }
                     out(Expired::Fired(task));
@@ -269,6 +271,7 @@ impl ShardCore {
                 Due::Run(running) => {
                     // A repeating timer's run: it stays pending (no room freed).
                     fired += 1;
+                    runs += 1;
                     out(Expired::Run(running));
                 }
                 Due::Later(entry) => refile.push(store.release(entry)),
@@ -282,6 +285,7 @@ impl ShardCore {
             wheel.insert(store, ptr);
         }
         ShardStats::bump(&shared.stats.fired, fired);
+        ShardStats::bump(&shared.stats.runs, runs);
     }
 
     /// Closes the insert ring, empties the ring and the wheel, waits for every awaited
@@ -320,6 +324,11 @@ impl ShardCore {
                 backoff.snooze();
             }
         }
+        // ORDERING: Relaxed: a statistic (shutdown's caller reads it after joining
+        // this thread, or on this thread).
+        self.shared
+            .returned
+            .fetch_add(unfired.len() as u64, crate::sync::Ordering::Relaxed);
         self.shared.retire();
         unfired
     }
