@@ -1,5 +1,9 @@
-//! The work-stealing pool that runs callbacks, so that no callback ever runs on a
-//! shard thread and a slow callback cannot delay the clock.
+//! The work-stealing pool that runs callbacks by default ([`Callbacks::pool`]), so
+//! that a slow callback cannot delay the clock: with it, no callback runs on a shard
+//! thread. (With `Callbacks::inline` or a spawner that runs callbacks in place they
+//! do, by the user's choice; see `src/shard/shard_loop.rs`.)
+//!
+//! [`Callbacks::pool`]: crate::Callbacks::pool
 //!
 //! # Algorithm
 //!

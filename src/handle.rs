@@ -19,6 +19,13 @@ use crate::sync::Arc;
 /// [`ManualClock`](crate::ManualClock), one on the service's options). **Dropping a handle does not cancel the timer**: fire-and-forget is the common case.
 /// A handle may outlive the service; its calls then keep working on what is left.
 ///
+/// **Clones saturate, never abort.** The timer's reference count has 24 bits: past
+/// 2^23 live references to one timer (handles and the service's own), the count
+/// saturates, as Linux's `refcount_t` does, and the timer's allocation is then kept
+/// for the life of the process instead of freed: a leak of one entry, never a
+/// use-after-free, never an abort. (The options' count is an `Arc`'s, which aborts
+/// only past `isize::MAX` clones.)
+///
 /// # Examples
 ///
 /// ```

@@ -61,7 +61,22 @@
 //!    [`Elapsed::refused`]).
 //! 8. **Odd input never panics.** `Duration::ZERO` or a past `Instant` fire on the
 //!    next tick; a delay beyond the wheel's range or `Duration::MAX` saturates (never
-//!    early, never a panic).
+//!    early, never a panic; `Duration::MAX` never comes due, for a timer or a future
+//!    alike). A future whose deadline is at or before the service's now completes at
+//!    its first poll, with no timer.
+//! 9. **Futures never complete early.** On a running service a [`Sleep`],
+//!    [`Timeout`] or [`Interval`] tick completes only once its deadline has passed.
+//!    The infallible constructors ([`ShardedTimer::sleep`], [`ShardedTimer::timeout`],
+//!    [`ShardedTimer::interval`]) always get their timer: [`Builder::max_pending`]
+//!    bounds `schedule*` and the `try_*` constructors only.
+//! 10. **Dropping a future only cancels.** Dropping (or re-arming) a pending
+//!    [`Sleep`], [`Timeout`] or [`Interval`] cancels its timer and wakes nobody; only
+//!    a shutdown wakes a waiting task.
+//! 11. **One deadline.** `deadline()` is the instant asked for everywhere
+//!    ([`TimerHandle`], [`Unfired`], [`Callback`], [`Sleep`]).
+//! 12. **Limits that fit in memory.** Any number of [`TimerHandle`] clones works:
+//!    past 2^23 clones of one handle its reference count saturates and the timer's
+//!    entry is kept for ever instead of freed (Linux's `refcount_t`), never an abort.
 //!
 //! **Happens-before.** Everything the scheduling thread did before [`schedule`]
 //! returned happens-before the callback starts (the entry is published by a Release
@@ -86,7 +101,8 @@
 //! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
 //! - `shard` (one block, `ShardShared::port`) and its `core`: the shard outlives every
 //!   message it waits for, and claims each wheel pointer once;
-//! - `sync`: none of its own; it forwards to std or loom.
+//! - `sync`: one `unsafe impl Sync`, under loom only, for the canary that lets the
+//!   models see a sender touch a retired shard; otherwise it forwards to std or loom.
 //!
 //! [`schedule`]: ShardedTimer::schedule
 //! [`cancel`]: TimerHandle::cancel

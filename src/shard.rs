@@ -284,6 +284,9 @@ pub struct ShardShared {
     canary: Canary,
     /// Where the shard and its repeating timers' runs read the time.
     pub(crate) time: TimeSource,
+    /// Tests only: makes the shard thread's next turn fail an internal invariant.
+    #[cfg(test)]
+    pub(crate) fail_turn: std::sync::atomic::AtomicBool,
 }
 
 /// The consumer cursors of a shard's two rings; they belong to the shard thread.
@@ -341,6 +344,8 @@ impl ShardShared {
             late: Mutex::new(Late::default()),
             canary: Canary::new(),
             time,
+            #[cfg(test)]
+            fail_turn: std::sync::atomic::AtomicBool::new(false),
         });
         let cursors = Cursors {
             insert: insert_seed.cursor(&shared.insert),
@@ -357,7 +362,10 @@ impl ShardShared {
     pub fn port(&self) -> CancelPort<ShardShared> {
         // SAFETY: the shard stays at this address (inside its `Arc`, held by its
         // thread) until `ShardCore::shut_down` has received every message entry ground
-        // rule 4 makes it wait for, and `CancelPort` sends only such messages.
+        // rule 4 makes it wait for, and `CancelPort` sends only such messages. The
+        // thread never exits otherwise: it never unwinds (`ShardThread::run` aborts
+        // the process instead), and it returns only after `shut_down` or after a
+        // shutdown on it took its core and ran `shut_down` there.
         unsafe { CancelPort::new(self) }
     }
 

@@ -13,7 +13,7 @@
 //! | the manual clock's lock (`clock/manual.rs`) | `Mutex::lock` | a spin on loom's `Mutex::try_lock` (loom cannot unpark a thread blocked on a mutex) | nothing of the protocol: the spin is a lock taken |
 //! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
 //! | entry allocations | `Box` | `Box` plus a `loom::alloc::Track` in each header | — (leaks are caught) |
-//! | `TimerId` prefix counter (`handle.rs`) | a `std` static atomic | the same `std` static (loom atomics cannot be statics) | nothing: it only keeps ids unique and guards no memory |
+//! | `TimerId` prefix counter (`id.rs`) | a `std` static atomic | the same `std` static (loom atomics cannot be statics) | nothing: it only keeps ids unique and guards no memory |
 
 #![allow(
     unreachable_pub,

@@ -909,6 +909,57 @@ impl fmt::Debug for ShardedTimer {
 #[cfg(test)]
 mod tests {
     use super::thread_name;
+    use std::time::Duration;
+
+    /// Set in the child process of the test below.
+    const UNWIND_CHILD: &str = "SHARDED_TIMER_SHARD_UNWIND_CHILD";
+
+    /// A shard thread whose internal invariant fails aborts the process instead of
+    /// unwinding: its shard would be freed by the join and the handle's `cancel`
+    /// below would write through a dangling pointer (`ShardShared::port`). The child
+    /// process makes its shard fail; the parent sees it abort, before the cancel.
+    #[test]
+    fn a_shard_thread_that_fails_aborts_the_process_so_no_handle_dangles() {
+        if std::env::var_os(UNWIND_CHILD).is_some() {
+            let timer = super::ShardedTimer::builder()
+                .shards(1)
+                .executor_threads(1)
+                .pin_cores(false)
+                .build()
+                .unwrap();
+            let handle = timer.schedule(Duration::from_secs(60), || {}).unwrap();
+            let shard = &timer.inner.shards[0];
+            shard
+                .fail_turn
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            shard.nudge();
+            std::thread::sleep(Duration::from_secs(20));
+            // Not reached: the abort comes first. Were it reached, the shard would be
+            // gone and this cancel would use it.
+            drop(timer.shutdown());
+            let _ = handle.cancel();
+            std::process::exit(0);
+        }
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "timer::tests::a_shard_thread_that_fails_aborts_the_process_so_no_handle_dangles",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(UNWIND_CHILD, "1")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            output.status.signal(),
+            Some(6),
+            "the child aborted (SIGABRT): {:?}\n{stderr}",
+            output.status
+        );
+        assert!(stderr.contains("a shard thread panicked"), "{stderr}");
+    }
 
     #[test]
     fn thread_names_fit_in_fifteen_bytes_and_keep_their_role_and_index() {

@@ -6,7 +6,7 @@
 //! Asserts: none is lost: the timer either ran on the executor before `shutdown`
 //! returned, or came back from `shutdown` as `Unfired`, or its `schedule` returned
 //! `Err(Shutdown)`; exactly one of these; nothing leaks.
-//! Seeded bug that makes it fail: `ShardThread::shut_down` skipping the drain of the
+//! Seeded bug that makes it fail: `ShardCore::shut_down` skipping the drain of the
 //! closed insert ring (a timer accepted into the ring is then neither run nor handed
 //! back: loom reports the leaked entry, and the count assertion fails).
 //! Bound: this model runs the whole service (four threads, each with many atomic

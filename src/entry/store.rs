@@ -41,7 +41,9 @@ unsafe impl Send for EntryPtr {}
 
 /// The wheel's view of entries in a shard: deadlines and places read through the
 /// entry pointers themselves; entries keep deadlines in nanoseconds, the wheel files
-/// them by the tick they are due at.
+/// them by the tick they are due at. Every method, the safe ones of
+/// [`Store`](crate::wheel::Store) included, dereferences the pointers it is given
+/// under the contract of the unsafe [`new`](Self::new).
 #[derive(Debug)]
 pub(crate) struct ShardStore(Ticks);
 
@@ -117,6 +119,13 @@ impl ShardStore {
     }
 }
 
+// The wheel calls these safe methods with the `EntryPtr`s it was given; each
+// dereferences its pointer under the contract of the unsafe `ShardStore::new` (a
+// live entry, the shard thread only), which the one caller, `ShardCore`, takes on
+// (its SAFETY comment at `ShardStore::new`). Keeping them safe is what lets the pure
+// wheel (`src/wheel/`, `forbid(unsafe_code)`) drive a store of raw pointers; tokio
+// instead makes every operation on its raw timer handle `unsafe`. The contract is
+// why a `ShardStore` can be made only by `unsafe` code and never leaves its core.
 impl Store for ShardStore {
     type Ref = EntryPtr;
 

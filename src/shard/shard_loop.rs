@@ -259,7 +259,22 @@ impl ShardThread {
 
     /// The shard loop. Returns the timers still pending at shutdown (none if a
     /// callback on this thread shut the service down: that shutdown took them).
+    ///
+    /// # Panics
+    ///
+    /// Never unwinds: if an internal invariant fails (an `unreachable!` in the core),
+    /// the process aborts. Handles keep a plain pointer to their shard
+    /// (`ShardShared::port`), sound only because the shard outlives every message it
+    /// waits for; a shard that unwound would be freed by the join that propagates its
+    /// panic, and a later `cancel` would write through a dangling pointer.
     pub(crate) fn run(self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
+        #[cfg(not(loom))]
+        let _abort = AbortOnUnwind;
+        self.run_loop(pin_to)
+    }
+
+    /// The loop of [`run`](Self::run).
+    fn run_loop(self, pin_to: Option<core_affinity::CoreId>) -> Vec<EntryRef> {
         #[cfg(not(loom))]
         if let Some(core) = pin_to {
             let _ = core_affinity::set_for_current(core);
@@ -299,6 +314,10 @@ impl ShardThread {
         let mut answered = 0;
         let mut batch: Vec<ShardTask> = Vec::with_capacity(FIRE_BATCH);
         let pending = loop {
+            #[cfg(test)]
+            if shared.fail_turn.load(std::sync::atomic::Ordering::Relaxed) {
+                unreachable!("injected by a test: an internal invariant fails on the shard thread");
+            }
             let turn = turns.as_ref().map(TurnSlot::begin_turn);
             let mut fired_any = false;
             let turned = with_own(|own| {
@@ -376,6 +395,25 @@ impl ShardThread {
         OWN.with(|own| own.borrow_mut().take());
         OWN_SHARD.with(|own| own.set(0));
         pending
+    }
+}
+
+/// Aborts the process if dropped while its thread unwinds: a shard thread must never
+/// unwind past its loop (see [`ShardThread::run`]). Not under loom, whose models report
+/// a failing iteration by unwinding.
+#[cfg(not(loom))]
+struct AbortOnUnwind;
+
+#[cfg(not(loom))]
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "sharded-timer: a shard thread panicked (an internal invariant failed); \
+                 aborting, since handles hold pointers into its shard"
+            );
+            std::process::abort();
+        }
     }
 }
 
