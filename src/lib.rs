@@ -70,13 +70,13 @@
 //!    [`ShardedTimer::interval`]) always get their timer: [`Builder::max_pending`]
 //!    bounds `schedule*` and the `try_*` constructors only.
 //! 10. **Dropping a future only cancels.** Dropping (or re-arming) a pending
-//!    [`Sleep`], [`Timeout`] or [`Interval`] cancels its timer and wakes nobody; only
-//!    a shutdown wakes a waiting task.
+//!     [`Sleep`], [`Timeout`] or [`Interval`] cancels its timer and wakes nobody; only
+//!     a shutdown wakes a waiting task.
 //! 11. **One deadline.** `deadline()` is the instant asked for everywhere
-//!    ([`TimerHandle`], [`Unfired`], [`Callback`], [`Sleep`]).
+//!     ([`TimerHandle`], [`Unfired`], [`Callback`], [`Sleep`]).
 //! 12. **Limits that fit in memory.** Any number of [`TimerHandle`] clones works:
-//!    past 2^23 clones of one handle its reference count saturates and the timer's
-//!    entry is kept for ever instead of freed (Linux's `refcount_t`), never an abort.
+//!     past 2^23 clones of one handle its reference count saturates and the timer's
+//!     entry is kept for ever instead of freed (Linux's `refcount_t`), never an abort.
 //!
 //! **Happens-before.** Everything the scheduling thread did before [`schedule`]
 //! returned happens-before the callback starts (the entry is published by a Release
