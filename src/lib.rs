@@ -216,7 +216,10 @@ pub mod __loom {
     pub use crate::future::{Shared as SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
-    pub use crate::shard::{Cursors, Expired, ShardCore, ShardShared, AWAKE, NEVER};
+    pub use crate::shard::{
+        park_for_model, run_as_shard_thread, Cursors, Expired, RunTask, ShardCore, ShardShared,
+        AWAKE, NEVER,
+    };
 
     /// A fresh timer id (the models need one per entry).
     pub fn next_id() -> crate::TimerId {

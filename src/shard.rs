@@ -61,6 +61,8 @@ pub use self::core::{Expired, ShardCore};
 pub(crate) use self::shard_loop::{
     dispatch_rest_here, is_own_thread, take_own_core, Dispatch, ShardThread,
 };
+#[cfg(loom)]
+pub use self::shard_loop::{park_for_model, run_as_shard_thread};
 
 /// `next_wake` while the shard is running: no producer needs to wake it.
 pub const AWAKE: u64 = 0;
@@ -122,7 +124,7 @@ impl ShardTask {
 /// hand the entry back to its shard. A panic is re-raised after that, so the executor
 /// counts it and the timer keeps going.
 #[derive(Debug)]
-pub(crate) struct RunTask {
+pub struct RunTask {
     /// The entry, holding `RUNNING`.
     running: RunningEntry,
     /// Its shard, to file the next run.
@@ -132,7 +134,20 @@ pub(crate) struct RunTask {
 }
 
 impl RunTask {
-    fn run(mut self) {
+    /// A run for the loom models: on `shard`, with a clock of 1-ns ticks from now
+    /// (the models' cores use 1-ns ticks too).
+    #[cfg(loom)]
+    pub fn for_model(running: RunningEntry, shard: Arc<ShardShared>) -> RunTask {
+        RunTask {
+            running,
+            shard,
+            clock: Clock::at(std::time::Instant::now(), 1),
+        }
+    }
+
+    /// Runs the callback once and ends the run (see the type's docs); the executor's
+    /// and the inline dispatch's way in.
+    pub fn run(mut self) {
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.running.call()));
         self.end(outcome.err());

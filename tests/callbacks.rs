@@ -36,7 +36,7 @@ fn queued() -> (Callbacks, mpsc::Receiver<Callback>) {
 /// Schedules 2,000 timers due within 20 ms, cancels every third, and checks that
 /// exactly the others ran, once each, none early. `drive` runs whatever the mode
 /// needs to get callbacks run (nothing, or the test's own executor).
-fn exactly_once_never_early(timer: &ShardedTimer, drive: impl Fn()) {
+fn exactly_once_never_early(timer: ShardedTimer, drive: impl Fn()) {
     let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..2_000).map(|_| AtomicUsize::new(0)).collect());
     let early = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
@@ -64,7 +64,12 @@ fn exactly_once_never_early(timer: &ShardedTimer, drive: impl Fn()) {
         drive();
         runs.iter().map(|r| r.load(Ordering::SeqCst)).sum::<usize>() >= expected
     }));
-    std::thread::sleep(Duration::from_millis(20));
+    // Shutdown joins every thread that could still run a duplicate (and hands the
+    // spawner's last callbacks over), so the counts below are final.
+    assert!(
+        timer.shutdown().is_empty(),
+        "every timer fired or was cancelled"
+    );
     drive();
     for (i, cancelled) in cancelled.iter().enumerate() {
         let n = runs[i].load(Ordering::SeqCst);
@@ -75,10 +80,10 @@ fn exactly_once_never_early(timer: &ShardedTimer, drive: impl Fn()) {
 
 #[test]
 fn every_mode_runs_each_timer_exactly_once_and_never_early() {
-    exactly_once_never_early(&service(2, Callbacks::pool(2)), || {});
-    exactly_once_never_early(&service(2, Callbacks::inline()), || {});
+    exactly_once_never_early(service(2, Callbacks::pool(2)), || {});
+    exactly_once_never_early(service(2, Callbacks::inline()), || {});
     let (callbacks, queue) = queued();
-    exactly_once_never_early(&service(2, callbacks), || {
+    exactly_once_never_early(service(2, callbacks), || {
         for callback in queue.try_iter() {
             callback.run();
         }
@@ -159,9 +164,14 @@ fn inline_callbacks_schedule_and_cancel_on_their_own_full_ring_without_waiting_f
         })
         .unwrap();
     assert!(wait_until(WAIT, || ran.load(Ordering::SeqCst) == 500));
-    std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(ran.load(Ordering::SeqCst), 500);
     assert!(wait_until(WAIT, || timer.stats().pending == 0));
+    // Shutdown joins the shard: nothing can run after it, so the count is final.
+    assert!(timer.shutdown().is_empty());
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        500,
+        "the 500 cancelled never ran"
+    );
 }
 
 #[test]

@@ -128,7 +128,14 @@ fn reset_is_refused_and_dropping_the_handle_does_not_stop_it() {
 
 #[test]
 fn shutdown_hands_a_repeating_timer_back_once_and_its_run_makes_one_last_run() {
-    let timer = small_timer();
+    let clock = sharded_timer::ManualClock::new();
+    let timer = sharded_timer::ShardedTimer::builder()
+        .shards(2)
+        .executor_threads(2)
+        .pin_cores(false)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let count = Arc::new(AtomicUsize::new(0));
     let c = count.clone();
     let handle = timer
@@ -136,7 +143,10 @@ fn shutdown_hands_a_repeating_timer_back_once_and_its_run_makes_one_last_run() {
             c.fetch_add(1, Ordering::SeqCst);
         })
         .unwrap();
-    assert!(wait_until(WAIT, || count.load(Ordering::SeqCst) >= 3));
+    for _ in 0..3 {
+        clock.advance(Duration::from_millis(1));
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 3);
     let unfired = timer.shutdown();
     assert_eq!(
         unfired.len(),
@@ -144,7 +154,8 @@ fn shutdown_hands_a_repeating_timer_back_once_and_its_run_makes_one_last_run() {
         "the repeating timer comes back exactly once"
     );
     let before = count.load(Ordering::SeqCst);
-    std::thread::sleep(Duration::from_millis(20));
+    // Twenty more periods on the clock: a live service would run it twenty times.
+    clock.advance(Duration::from_millis(20));
     assert_eq!(
         count.load(Ordering::SeqCst),
         before,

@@ -81,6 +81,23 @@ fn each_shard_reports_its_pending_timers() {
 
 /// The `in_rings` figure of the `Debug` output, which reads the counters without
 /// waking a shard (as `stats()` does).
+/// Whether the thread named `name` sleeps (state `S` in `/proc/self/task/*/stat`): a
+/// shard thread on the system clock sleeps only in its park.
+fn shard_thread_sleeps(name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // The state follows the parenthesised name: "tid (name) S ...".
+        let state = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.starts_with('S'));
+        comm.trim() == name && state == Some(true)
+    })
+}
+
 fn in_rings_shown(timer: &ShardedTimer) -> (u64, u64) {
     let shown = format!("{timer:?}");
     let field = |name: &str| -> u64 {
@@ -100,15 +117,19 @@ fn timers_a_sleeping_shard_has_not_taken_in_show_as_in_rings() {
         .shards(1)
         .executor_threads(1)
         .pin_cores(false)
-        .thread_name("test")
+        .thread_name("stat")
         .build()
         .unwrap();
     // The shard takes this one in at once (its deadline is the earliest) and sleeps
     // until it, 60 s away.
     let _first = timer.schedule(Duration::from_secs(60), || {}).unwrap();
     assert!(wait_until(WAIT, || in_rings_shown(&timer) == (0, 1)));
-    // Let it reach its park; these three are later still, so nobody wakes it.
-    std::thread::sleep(Duration::from_millis(100));
+    // Wait until it sleeps in its park (its thread's state in /proc); these three
+    // are later still, so nobody wakes it.
+    assert!(
+        wait_until(WAIT, || shard_thread_sleeps("stat-s0")),
+        "the shard parks within {WAIT:?}"
+    );
     let _later: Vec<_> = (0..3)
         .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
         .collect();

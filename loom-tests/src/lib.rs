@@ -73,7 +73,7 @@ where
 /// thread runs) in the models.
 #[cfg(loom)]
 pub mod shard {
-    use sharded_timer::__loom::{Expired, ShardCore, ShardShared};
+    use sharded_timer::__loom::{Expired, RunTask, ShardCore, ShardShared};
 
     /// A shard with rings of `capacity` slots and its core, wheel at tick 0, no limit.
     pub fn new(capacity: usize) -> (loom::sync::Arc<ShardShared>, ShardCore) {
@@ -82,20 +82,18 @@ pub mod shard {
         (shared, core)
     }
 
-    /// One turn of the shard loop at tick `now`, as `ShardThread::run` takes it: drain
-    /// inserts, drain messages, expire. Runs what fired (inline) and returns how many.
+    /// One turn of the shard loop at tick `now`: the core's own `turn`, which
+    /// `ShardThread::run` calls (drain inserts, drain messages, expire). Runs what
+    /// fired inline, each repeating run through the shipped `RunTask`, and returns how
+    /// many fired.
     pub fn turn(core: &mut ShardCore, now: u64) -> usize {
-        core.drain_inserts();
-        core.drain_messages();
         let mut ran = 0;
-        core.expire(now, &mut |expired| {
+        let shared = core.shared().clone();
+        core.turn(|| now, &mut |expired| {
             ran += 1;
             match expired {
                 Expired::Fired(task) => task.run(),
-                Expired::Run(mut running) => {
-                    running.call();
-                    drop(running.finish());
-                }
+                Expired::Run(running) => RunTask::for_model(running, shared.clone()).run(),
             }
         });
         ran

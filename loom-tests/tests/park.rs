@@ -1,11 +1,12 @@
 //! Model 4: the shard's park handshake (`ShardShared::prepare_park` against
 //! `ShardShared::push_insert`, `src/shard.rs` ground rules), with the real
-//! `ShardCore` on the shard side.
+//! `ShardCore` and the shard thread's real park (`park_until` in
+//! `src/shard/shard_loop.rs`, through `park_for_model`) on the shard side.
 //!
-//! Explores: a producer inserting a timer due at tick 5 while the shard, with nothing
-//! to do before tick 10, publishes its wake-up tick, re-checks its rings and parks.
-//! The ring has 4 slots so that the first push is not "filling" (which unparks
-//! regardless): only the deadline rule can wake the shard.
+//! Explores: a producer inserting a timer due at tick 5 while the shard, whose next
+//! expiry is tick 10, publishes its wake-up tick, re-checks its rings and parks.
+//! The ring has 8 slots so that neither push is "filling" (which unparks regardless):
+//! only the deadline rule can wake the shard.
 //! Asserts: no lost wakeup: the shard never stays parked while a timer earlier than
 //! its published wake-up sits in its ring (a lost wakeup leaves the shard parked
 //! forever, which loom reports as a deadlock); the shard then files the timer.
@@ -18,14 +19,18 @@
 
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, EntryRef};
+use sharded_timer::__loom::{next_id, park_for_model, EntryRef};
 
 #[test]
 fn an_earlier_deadline_always_wakes_a_parking_shard() {
     model(|| {
-        let (shared, mut core) = shard::new(4);
+        let (shared, mut core) = shard::new(8);
         // As `Builder::build` does: the shard's thread is known before any producer.
         shared.set_thread(thread::current());
+        // The shard's next expiry: tick 10.
+        let (later, service) = EntryRef::new(next_id(), 10, || {});
+        assert!(shared.push_insert(service, 10).is_ok());
+        assert_eq!(core.drain_inserts(), 1);
         let producer = {
             let shared = shared.clone();
             thread::spawn(move || {
@@ -35,16 +40,11 @@ fn an_earlier_deadline_always_wakes_a_parking_shard() {
                 drop(handle);
             })
         };
-        // The shard at tick 0, asleep until tick 10 unless woken.
+        // The shard at tick 0: the real park, until tick 10 unless woken.
         if core.drain_inserts() == 0 {
-            if core.prepare_park(10) {
-                trace("parking until tick 10");
-                thread::park();
-                core.shared().wake_up();
-                trace("woke");
-            } else {
-                trace("work arrived before parking");
-            }
+            trace("parking until tick 10");
+            park_for_model(&core);
+            trace("awake");
             // Awake: the push is reserved; wait for it to be published.
             while core.drain_inserts() == 0 {
                 thread::yield_now();
@@ -52,6 +52,7 @@ fn an_earlier_deadline_always_wakes_a_parking_shard() {
         }
         assert_eq!(core.next_expiry(), Some(5), "the timer is filed");
         producer.join().unwrap();
-        assert_eq!(core.shut_down().len(), 1);
+        assert_eq!(core.shut_down().len(), 2);
+        drop(later);
     });
 }

@@ -39,7 +39,9 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
-use sharded_timer::__loom::{next_id, EntryRef, Expired, RunningEntry, ShardCore, ShardShared};
+use sharded_timer::__loom::{
+    next_id, EntryRef, Expired, RunTask, RunningEntry, ShardCore, ShardShared,
+};
 use sharded_timer::TimerState;
 
 /// Counts drops of the callback's captures.
@@ -53,8 +55,8 @@ impl Drop for DropCount {
 
 /// A fresh shard with a repeating timer (period 1 s) filed in its wheel, due at tick
 /// 0; the callback's captures count their drops in `dropped`. Returns the shard, its
-/// core, the timer's handle and its start.
-fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, EntryRef, Instant) {
+/// core and the timer's handle.
+fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, EntryRef) {
     let (shared, mut core) = loom_tests::shard::new(2);
     let capture = DropCount(dropped.clone());
     let start = Instant::now();
@@ -65,7 +67,7 @@ fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, 
         });
     assert!(shared.push_insert(service, 0).is_ok());
     core.drain_inserts();
-    (shared, core, handle, start)
+    (shared, core, handle)
 }
 
 /// The runs the core starts at tick 0.
@@ -78,22 +80,15 @@ fn start_runs(core: &mut ShardCore) -> Vec<RunningEntry> {
     runs
 }
 
-/// A runner thread doing what `RunTask::run` does: call, schedule the next run, end
-/// the run, and file the next one (`refile_run`, the shipped code).
-fn spawn_runner(
-    shared: &Arc<ShardShared>,
-    runs: Vec<RunningEntry>,
-    start: Instant,
-) -> thread::JoinHandle<()> {
+/// A runner thread: the shipped `RunTask::run` for each run (call, schedule the
+/// next run, end the run, and file the next one with `refile_run`, or hand it to the
+/// late list), as an executor worker runs it.
+fn spawn_runner(shared: &Arc<ShardShared>, runs: Vec<RunningEntry>) -> thread::JoinHandle<()> {
     let shared = shared.clone();
     thread::spawn(move || {
-        for mut running in runs {
-            running.call();
-            let (next, _) = running.schedule_next(start, |_| 1);
-            if let Some(entry) = running.finish() {
-                trace("filed again, or handed back");
-                shared.refile_run(entry, next);
-            }
+        for running in runs {
+            RunTask::for_model(running, shared.clone()).run();
+            trace("ran; filed again, handed back, or ended cancelled");
         }
     })
 }
@@ -102,7 +97,7 @@ fn spawn_runner(
 fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
     model(|| {
         let dropped = Arc::new(AtomicUsize::new(0));
-        let (shared, mut core, handle, start) = filed_repeating(&dropped);
+        let (shared, mut core, handle) = filed_repeating(&dropped);
         let cancelled = Arc::new(AtomicBool::new(false));
         let canceller = {
             let (shared, cancelled) = (shared.clone(), cancelled.clone());
@@ -113,7 +108,7 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
                 cancelled.store(true, Ordering::SeqCst);
             })
         };
-        let runner = spawn_runner(&shared, start_runs(&mut core), start);
+        let runner = spawn_runner(&shared, start_runs(&mut core));
         runner.join().unwrap();
         canceller.join().unwrap();
         // Let the core settle: take the re-filed run (or discard it), take messages.
@@ -136,8 +131,8 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
 fn a_run_ending_across_shutdown_is_handed_back_or_cancelled_exactly_once() {
     model(|| {
         let dropped = Arc::new(AtomicUsize::new(0));
-        let (shared, mut core, handle, start) = filed_repeating(&dropped);
-        let runner = spawn_runner(&shared, start_runs(&mut core), start);
+        let (shared, mut core, handle) = filed_repeating(&dropped);
+        let runner = spawn_runner(&shared, start_runs(&mut core));
         let unfired = core.shut_down();
         let late = shared.take_late();
         trace(format!(

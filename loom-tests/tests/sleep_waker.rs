@@ -11,6 +11,8 @@
 //! waker in `poll_finished` (finish runs between the first check and the store, takes
 //! no waker, and the task parks for ever): "deadlock; threads = [(Id(0),
 //! Blocked(Location(None))), (Id(1), Terminated)]".
+//! Third model (issue 19, defect 8): a sleep dropped while its timer fires; see its
+//! doc comment.
 //! Command: as in `ring.rs`, with `--test sleep_waker`.
 #![cfg(loom)]
 
@@ -19,7 +21,7 @@ use std::future::poll_fn;
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::model;
-use sharded_timer::__loom::{SleepShared, ABANDONED, ELAPSED};
+use sharded_timer::__loom::{SleepShared, ABANDONED, DISARMED, ELAPSED};
 
 #[test]
 fn a_pending_sleep_is_woken_when_its_timer_fires() {
@@ -62,4 +64,58 @@ fn the_first_outcome_wins_and_wakes_the_task() {
 /// A context whose waker does nothing, for a final check of a finished sleep.
 fn noop_context() -> std::task::Context<'static> {
     std::task::Context::from_waker(std::task::Waker::noop())
+}
+
+/// Counts the wakes of a task's waker.
+struct CountWakes(loom::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountWakes {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, loom::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 19, defect 8: a pending sleep dropped while its timer fires. The task has
+/// polled (its waker is stored); then `Sleep::drop` disarms the sleep
+/// (`Shared::disarm`) and, if that won, cancels the timer, whose dropped callback
+/// finishes the sleep as abandoned (`FinishOnDrop`: `Shared::finish`), racing the
+/// timer's own `finish(ELAPSED)` on the shard.
+/// Asserts: a sleep the drop disarmed is never woken (tokio's contract: dropping only
+/// cancels); one whose timer fired first was woken exactly once, by the timer.
+/// Seeded bug that makes it fail: `Shared::disarm` deciding to cancel without setting
+/// `DISARMED` (as before the fix, when the drop's `finish(ABANDONED)` won and woke
+/// the task): "the disarm already decided" (the drop's finish won, and woke the task).
+#[test]
+fn a_sleep_dropped_while_its_timer_fires_is_never_woken_by_the_drop() {
+    model(|| {
+        let shared = Arc::new(SleepShared::new());
+        let wakes = std::sync::Arc::new(CountWakes(loom::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(wakes.clone());
+        assert!(shared
+            .poll_finished(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        let timer = {
+            let shared = shared.clone();
+            thread::spawn(move || shared.finish(ELAPSED))
+        };
+        // `Sleep::drop`: disarm, then cancel; the cancelled callback's drop finishes
+        // the sleep as abandoned.
+        let disarmed = shared.disarm();
+        if disarmed {
+            assert!(!shared.finish(ABANDONED), "the disarm already decided");
+        }
+        let fired = timer.join().unwrap();
+        let woken = wakes.0.load(loom::sync::atomic::Ordering::SeqCst);
+        assert!(
+            fired != disarmed,
+            "exactly one of the fire and the drop decides"
+        );
+        if disarmed {
+            assert_eq!(woken, 0, "a dropped sleep wakes nobody");
+            assert_eq!(shared.outcome(), DISARMED);
+        } else {
+            assert_eq!(woken, 1, "the timer that fired first woke the task, once");
+            assert_eq!(shared.outcome(), ELAPSED);
+        }
+    });
 }

@@ -238,6 +238,16 @@ impl ShardCore {
         }
     }
 
+    /// One turn of the shard loop: files what waits in the insert ring, takes the
+    /// messages, reads the time (`now`, a tick) and expires what is due by it into
+    /// `out`. `ShardThread::run` calls this every turn; the loom models call it too.
+    pub fn turn(&mut self, now: impl FnOnce() -> u64, out: &mut impl FnMut(Expired)) {
+        self.drain_inserts();
+        self.drain_messages();
+        let now = now();
+        self.expire(now, out);
+    }
+
     /// Advances the wheel to tick `now` and expires what is due: each fired timer or
     /// started run goes to `out`; entries whose deadline moved later (or whose reset
     /// is under way) are re-filed; cancelled ones are tracked until their message.

@@ -323,18 +323,20 @@ impl ShardThread {
             let turned = with_own(|own| {
                 let Own { core, fired, .. } = own;
                 let core = core.as_mut()?;
-                core.drain_inserts();
-                core.drain_messages();
-                let now_instant = turn.map_or_else(Instant::now, |turn| turn.now);
-                let now = clock.tick_of(now_instant);
                 // Lateness: this pass's clock reading less the start of each tick.
-                let now_ns = clock.instant_to_ns(now_instant);
+                // (Read after the rings are drained, as the turn does.)
+                let now_ns = Cell::new(0);
                 let lateness = &shared.stats.lateness;
-                core.expire(now, &mut |expired| {
+                let now = || {
+                    let now_instant = turn.map_or_else(Instant::now, |turn| turn.now);
+                    now_ns.set(clock.instant_to_ns(now_instant));
+                    clock.tick_of(now_instant)
+                };
+                core.turn(now, &mut |expired| {
                     fired_any = true;
                     let due_tick = clock.due_tick(expired.deadline());
                     let due_ns = clock.ticks().due_by(due_tick);
-                    lateness.record(now_ns.saturating_sub(due_ns));
+                    lateness.record(now_ns.get().saturating_sub(due_ns));
                     let task = match expired {
                         Expired::Fired(task) => ShardTask::Fired(task),
                         Expired::Run(running) => ShardTask::Run(RunTask {
@@ -396,6 +398,40 @@ impl ShardThread {
         OWN_SHARD.with(|own| own.set(0));
         pending
     }
+}
+
+/// The models' way to run `f` as code on `core`'s shard thread (an inline callback):
+/// installs `core` where `drain_own_rings` and `take_own_core` find it, as
+/// `ShardThread::run` does, runs `f`, and returns the core. Loom only.
+///
+/// # Panics
+///
+/// If `f` took the core (a shutdown from it): the models do not.
+#[cfg(loom)]
+pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
+    let clock = Clock::at(Instant::now(), 1);
+    OWN_SHARD.with(|own| own.set(address(core.shared())));
+    OWN.with(|own| {
+        *own.borrow_mut() = Some(Own {
+            core: Some(core),
+            dispatch: Dispatch::Inline(Arc::new(AtomicU64::new(0))),
+            clock,
+            fired: VecDeque::new(),
+        });
+    });
+    f();
+    OWN_SHARD.with(|own| own.set(0));
+    OWN.with(|own| own.borrow_mut().take())
+        .and_then(|own| own.core)
+        .expect("model invariant: f does not shut its shard down")
+}
+
+/// The models' way into [`park_until`]: the shard thread's real park, on the system
+/// clock, with ticks of an hour (so the wall time a model takes stays in tick 0).
+/// Loom only.
+#[cfg(loom)]
+pub fn park_for_model(core: &ShardCore) {
+    park_until(core, Clock::at(Instant::now(), 3_600_000_000_000), None, 0);
 }
 
 /// Aborts the process if dropped while its thread unwinds: a shard thread must never
