@@ -57,6 +57,10 @@ pub enum BuildError {
     },
     /// `max_pending(0)`: a service that may hold no timer cannot accept any.
     ZeroMaxPending,
+    /// [`Builder::build_global`](crate::Builder::build_global) found the process-wide
+    /// service already built (by an earlier call, or by a first use of
+    /// [`global`](crate::global)).
+    GlobalExists,
     /// The operating system refused to start a thread.
     Spawn {
         /// Name of the thread that could not start.
@@ -79,6 +83,9 @@ impl fmt::Display for BuildError {
                 "ring_capacity must be a power of two of at least 2, got {capacity}"
             ),
             BuildError::ZeroMaxPending => f.write_str("max_pending must be at least 1"),
+            BuildError::GlobalExists => f.write_str(
+                "the process-wide service exists already; configure it before first use",
+            ),
             BuildError::Spawn { thread, source } => {
                 write!(f, "could not start thread {thread:?}: {source}")
             }

@@ -525,6 +525,17 @@ impl ShardedTimer {
         )
     }
 
+    /// Runs `f` with the deadline `deadline`: as [`timeout`](Self::timeout), with an
+    /// instant instead of a delay (tokio's `timeout_at`). A deadline at or before the
+    /// service's now gives `Err(Elapsed)` at the first poll at which `f` is not ready.
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn timeout_at<F: IntoFuture>(&self, deadline: Instant, f: F) -> Timeout<F::IntoFuture> {
+        Timeout::new(f.into_future(), Sleep::unarmed(self, deadline))
+    }
+
     /// As [`timeout`](Self::timeout), but a refused timer is an error up front.
     ///
     /// # Errors

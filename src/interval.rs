@@ -183,13 +183,42 @@ impl Interval {
 
     /// Moves the next tick to one period from now, keeping the period.
     pub fn reset(&mut self) {
-        self.next = add_saturating(self.sleep.timer().now(), self.period);
+        self.reset_after(self.period);
+    }
+
+    /// Moves the next tick to now: it completes at the next poll; later ticks follow
+    /// one period apart from it.
+    pub fn reset_immediately(&mut self) {
+        self.next = self.sleep.timer().now();
+    }
+
+    /// Moves the next tick to `after` from now (saturating), keeping the period.
+    pub fn reset_after(&mut self, after: Duration) {
+        self.next = add_saturating(self.sleep.timer().now(), after);
+    }
+
+    /// Moves the next tick to `deadline` (at once if it has passed), keeping the
+    /// period.
+    pub fn reset_at(&mut self, deadline: Instant) {
+        self.next = deadline;
     }
 
     /// Whether the service refused the last tick's timer (it shut down): ticks then
     /// complete at once.
     pub fn is_shut_down(&self) -> bool {
         self.sleep.refused().is_some()
+    }
+}
+
+/// Feature `stream`: the ticks as a stream that never ends, each item the `Instant`
+/// the tick was due (as [`Interval::tick`]).
+#[cfg(feature = "stream")]
+#[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
+impl futures_core::Stream for Interval {
+    type Item = Instant;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Instant>> {
+        self.get_mut().poll_tick(cx).map(Some)
     }
 }
 

@@ -111,6 +111,7 @@
     loom,
     allow(dead_code, reason = "the loom build compiles only the modelled parts")
 )]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Maintainer notes (not rendered).
 //
@@ -193,6 +194,8 @@ mod ring;
 mod shard;
 mod stats;
 mod sync;
+#[cfg(not(loom))]
+pub mod time;
 mod timer;
 pub mod wheel;
 
@@ -229,4 +232,6 @@ pub mod __loom {
 pub use handle::{TimerHandle, Unfired};
 pub use id::{TimerId, TimerState};
 pub use stats::{LatenessHistogram, ShardLoad, Stats};
+#[cfg(not(loom))]
+pub use time::global;
 pub use timer::{Builder, ShardedTimer};

@@ -744,8 +744,30 @@ impl ShardedTimer {
         })
     }
 
-    /// The service's now: `Instant::now()`, or its manual clock's.
-    pub(crate) fn now(&self) -> Instant {
+    /// The service's now: `Instant::now()`, or, for a service built with
+    /// [`Builder::clock`], its [`ManualClock`]'s now. Code that computes deadlines
+    /// (`timer.now() + IDLE`) reads the time here, so that the same code runs on the
+    /// system clock in production and on a `ManualClock` in tests (tokio's paused
+    /// `Instant::now()`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sharded_timer::{ManualClock, ShardedTimer};
+    ///
+    /// let clock = ManualClock::new();
+    /// let timer = ShardedTimer::builder().clock(clock.clone()).build()?;
+    /// let before = timer.now();
+    /// clock.advance(Duration::from_secs(30));
+    /// assert_eq!(timer.now(), before + Duration::from_secs(30));
+    /// # Ok::<(), sharded_timer::BuildError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn now(&self) -> Instant {
         self.inner.time.now()
     }
 
