@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sharded_timer::{Callback, Callbacks, ShardedTimer};
-use support::{wait_until, within, DropCounter, WAIT};
+use sharded_timer::{Callbacks, ShardedTimer};
+use support::{queued, wait_until, within, DropCounter, WAIT};
 
 /// A service of `shards` shards whose callbacks run as `callbacks` says.
 fn service(shards: usize, callbacks: Callbacks) -> ShardedTimer {
@@ -21,16 +21,6 @@ fn service(shards: usize, callbacks: Callbacks) -> ShardedTimer {
         .thread_name("cb")
         .build()
         .expect("the service builds")
-}
-
-/// A spawner that queues every `Callback` for the test to run or drop.
-fn queued() -> (Callbacks, mpsc::Receiver<Callback>) {
-    let (tx, rx) = mpsc::channel();
-    let tx = Mutex::new(tx);
-    let callbacks = Callbacks::spawn(move |callback| {
-        let _ = tx.lock().unwrap().send(callback);
-    });
-    (callbacks, rx)
 }
 
 /// Schedules 2,000 timers due within 20 ms, cancels every third, and checks that

@@ -20,12 +20,12 @@ mod support;
 use std::future::{pending, Future};
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-use sharded_timer::{Callback, Callbacks, ManualClock, ScheduleError, ShardedTimer, TimerState};
-use support::{within, WAIT};
+use sharded_timer::{Callbacks, ManualClock, ScheduleError, ShardedTimer, TimerState};
+use support::{queued, within, WAIT};
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -297,16 +297,6 @@ fn d5_millions_of_handle_clones_saturate_instead_of_aborting() {
     assert_eq!(handle.state(), TimerState::Cancelled);
     drop(handle);
     drop(timer.shutdown());
-}
-
-/// A spawner that queues every `Callback` for the test.
-fn queued() -> (Callbacks, mpsc::Receiver<Callback>) {
-    let (tx, rx) = mpsc::channel();
-    let tx = Mutex::new(tx);
-    let callbacks = Callbacks::spawn(move |callback| {
-        let _ = tx.lock().unwrap().send(callback);
-    });
-    (callbacks, rx)
 }
 
 /// Defect 6: a repeating timer's run dropped unrun by the spawner cancels the timer,

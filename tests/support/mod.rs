@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sharded_timer::ShardedTimer;
+use sharded_timer::{Callback, Callbacks, ShardedTimer};
 
 /// Generous bound for waiting on a condition on a slow, shared CI machine.
 pub(crate) const WAIT: Duration = Duration::from_secs(20);
@@ -112,4 +112,14 @@ pub(crate) fn wait_filed(timer: &ShardedTimer, n: u64) {
         wait_until(WAIT, || timer.stats().scheduled >= n),
         "the shard took {n} timers in within {WAIT:?}"
     );
+}
+
+/// A spawner that queues every `Callback` for the test to run or drop.
+pub(crate) fn queued() -> (Callbacks, std::sync::mpsc::Receiver<Callback>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let callbacks = Callbacks::spawn(move |callback| {
+        let _ = tx.lock().unwrap().send(callback);
+    });
+    (callbacks, rx)
 }
