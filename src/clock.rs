@@ -1,6 +1,8 @@
-//! Conversion between `Instant`s and the service's ticks.
+//! Conversion between `Instant`s, nanoseconds ([`Nanos`]) and the service's ticks
+//! ([`Tick`]): the three forms a deadline takes, each its own type (`units.rs`), with
+//! one `NEVER` in each unit.
 //!
-//! A tick is a `u64` count of [`Builder::tick`](crate::Builder::tick) periods since
+//! A tick is a count of [`Builder::tick`](crate::Builder::tick) periods since
 //! the process's clock origin (one `Instant` for every service, taken when the first
 //! service starts); a service driven by a [`ManualClock`] counts from that clock's
 //! start instead (`manual.rs`). An entry keeps its deadline in **nanoseconds** from
@@ -14,9 +16,11 @@
 #![forbid(unsafe_code)]
 
 mod manual;
+mod units;
 
 pub use manual::ManualClock;
 pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
+pub use units::{Nanos, Tick};
 
 use std::time::{Duration, Instant};
 
@@ -30,29 +34,23 @@ pub(crate) fn origin() -> Instant {
     *ORIGIN.get_or_init(Instant::now)
 }
 
-/// A deadline in nanoseconds that never comes due (a delay too large to represent,
-/// such as `Duration::MAX`): the one meaning of "never" for every path, timers and
-/// futures alike. Its instant ([`instant_after`]) is later than every other.
-pub(crate) const NEVER_NS: u64 = u64::MAX;
-
-/// The latest "now" a clock reaches, in nanoseconds from its start: a manual clock
-/// saturates here, where every deadline but [`NEVER_NS`] is due. One below it, so
-/// that time saturates forward and "never" stays never.
-pub(crate) const LAST_NS: u64 = NEVER_NS - 1;
-
-/// Nanoseconds from `start` to `deadline`: 0 before the start, [`NEVER_NS`] past what
-/// 64 bits of nanoseconds hold (584 years), which never comes due.
-pub(crate) fn ns_since(start: Instant, deadline: Instant) -> u64 {
-    u64::try_from(deadline.saturating_duration_since(start).as_nanos()).unwrap_or(NEVER_NS)
+/// Nanoseconds from `start` to `deadline`: 0 before the start, [`Nanos::NEVER`] past
+/// what 64 bits of nanoseconds hold (584 years), which never comes due.
+pub(crate) fn ns_since(start: Instant, deadline: Instant) -> Nanos {
+    Nanos::new(
+        u64::try_from(deadline.saturating_duration_since(start).as_nanos())
+            .unwrap_or(Nanos::NEVER.get()),
+    )
 }
 
-/// The instant `deadline_ns` after `start`, [`NEVER_NS`]'s included (584 years on),
+/// The instant `deadline` after `start`, [`Nanos::NEVER`]'s included (584 years on),
 /// so that [`ns_since`] maps it back exactly and the order of instants is the order
-/// of nanoseconds. Only where `Instant` cannot hold that does it fall back to about a
-/// century after the start.
-pub(crate) fn instant_after(start: Instant, deadline_ns: u64) -> Instant {
+/// of nanoseconds (one meaning of "never" for every path, timers and futures alike).
+/// Only where `Instant` cannot hold that does it fall back to about a century after
+/// the start.
+pub(crate) fn instant_after(start: Instant, deadline: Nanos) -> Instant {
     start
-        .checked_add(Duration::from_nanos(deadline_ns))
+        .checked_add(Duration::from_nanos(deadline.get()))
         .or_else(|| start.checked_add(FAR_FUTURE))
         .unwrap_or(start)
 }
@@ -77,9 +75,9 @@ impl Ticks {
         }
     }
 
-    /// The tick at which a deadline of `deadline_ns` nanoseconds after tick 0 is due:
-    /// the first tick boundary at or after it; [`NEVER_NS`] maps to `u64::MAX`, which
-    /// never comes due.
+    /// The tick at which a deadline of `deadline` nanoseconds after tick 0 is due:
+    /// the first tick boundary at or after it; [`Nanos::NEVER`] maps to
+    /// [`Tick::NEVER`], which never comes due.
     ///
     /// Exact, without a division: with `m = ⌊(2⁶⁴−1)/d⌋` for the tick length `d`, the
     /// high half of `n·m` is at most `⌊n/d⌋` and at least `⌊n/d⌋ − 2` (the error of `m`
@@ -87,24 +85,29 @@ impl Ticks {
     /// corrections of the remainder give the exact quotient (Granlund and Montgomery,
     /// "Division by invariant integers using multiplication", 1994, §4, without the
     /// extra bit that makes a single step exact).
-    pub(crate) fn due_tick(&self, deadline_ns: u64) -> u64 {
-        if deadline_ns == NEVER_NS {
-            return u64::MAX;
+    pub(crate) fn due_tick(&self, deadline: Nanos) -> Tick {
+        if deadline == Nanos::NEVER {
+            return Tick::NEVER;
         }
+        let deadline_ns = deadline.get();
         let mut quotient = ((u128::from(deadline_ns) * u128::from(self.inverse)) >> 64) as u64;
         let mut remainder = deadline_ns - quotient * self.tick_ns;
         while remainder >= self.tick_ns {
             quotient += 1;
             remainder -= self.tick_ns;
         }
-        quotient + u64::from(remainder != 0)
+        Tick::new(quotient + u64::from(remainder != 0))
     }
 
     /// The last nanosecond (after tick 0) whose deadlines are due at tick `now`:
-    /// `deadline_ns` is due by tick `now` exactly when `deadline_ns <= due_by(now)`
-    /// ([`NEVER_NS`] never is: this stays below it).
-    pub(crate) fn due_by(&self, now: u64) -> u64 {
-        now.saturating_mul(self.tick_ns).min(NEVER_NS - 1)
+    /// `deadline` is due by tick `now` exactly when `deadline <= due_by(now)`
+    /// ([`Nanos::NEVER`] never is: this stays at or below [`Nanos::LAST`]).
+    pub(crate) fn due_by(&self, now: Tick) -> Nanos {
+        Nanos::new(
+            now.get()
+                .saturating_mul(self.tick_ns)
+                .min(Nanos::LAST.get()),
+        )
     }
 
     /// The tick length in nanoseconds.
@@ -144,41 +147,41 @@ impl Clock {
     }
 
     /// See [`Ticks::due_tick`].
-    pub(crate) fn due_tick(&self, deadline_ns: u64) -> u64 {
-        self.ticks.due_tick(deadline_ns)
+    pub(crate) fn due_tick(&self, deadline: Nanos) -> Tick {
+        self.ticks.due_tick(deadline)
     }
 
     /// Nanoseconds from tick 0 to `deadline` (see [`ns_since`]).
-    pub(crate) fn instant_to_ns(&self, deadline: Instant) -> u64 {
+    pub(crate) fn instant_to_ns(&self, deadline: Instant) -> Nanos {
         ns_since(self.start, deadline)
     }
 
     /// The instant `deadline_ns` after tick 0 (see [`instant_after`]).
-    pub(crate) fn ns_to_instant(&self, deadline_ns: u64) -> Instant {
-        instant_after(self.start, deadline_ns)
+    pub(crate) fn ns_to_instant(&self, deadline: Nanos) -> Instant {
+        instant_after(self.start, deadline)
     }
 
     /// The tick at which `deadline` is due: the first tick boundary at or after it.
     /// Instants before the start map to tick 0; instants beyond 64 bits of
     /// nanoseconds saturate to `u64::MAX`, which never comes due.
     #[cfg(test)]
-    pub(crate) fn instant_to_tick(&self, deadline: Instant) -> u64 {
+    pub(crate) fn instant_to_tick(&self, deadline: Instant) -> Tick {
         self.due_tick(self.instant_to_ns(deadline))
     }
 
     /// The tick containing `now`, rounded down.
-    pub(crate) fn tick_of(&self, now: Instant) -> u64 {
+    pub(crate) fn tick_of(&self, now: Instant) -> Tick {
         let ns = now.saturating_duration_since(self.start).as_nanos();
-        match u64::try_from(ns) {
+        Tick::new(match u64::try_from(ns) {
             Ok(ns) => ns / self.ticks.tick_ns,
             Err(_) => u64::try_from(ns / u128::from(self.ticks.tick_ns)).unwrap_or(u64::MAX),
-        }
+        })
     }
 
     /// The `Instant` at which `tick` begins. Ticks beyond what `Instant` can represent
     /// map to a point about a century after the start (they never come due anyway).
-    pub(crate) fn tick_to_instant(&self, tick: u64) -> Instant {
-        let ns = u128::from(tick) * u128::from(self.ticks.tick_ns);
+    pub(crate) fn tick_to_instant(&self, tick: Tick) -> Instant {
+        let ns = u128::from(tick.get()) * u128::from(self.ticks.tick_ns);
         u64::try_from(ns)
             .ok()
             .and_then(|ns| self.start.checked_add(Duration::from_nanos(ns)))
@@ -189,7 +192,7 @@ impl Clock {
 
 #[cfg(test)]
 mod tests {
-    use super::Clock;
+    use super::{Clock, Nanos, Tick};
     use std::time::{Duration, Instant};
 
     #[test]
@@ -198,20 +201,20 @@ mod tests {
         let clock = Clock::new(start, Duration::from_millis(1));
         let ms = Duration::from_millis;
         let us = Duration::from_micros;
-        assert_eq!(clock.instant_to_tick(start), 0);
-        assert_eq!(clock.instant_to_tick(start + us(1)), 1);
-        assert_eq!(clock.instant_to_tick(start + ms(1)), 1);
+        assert_eq!(clock.instant_to_tick(start), Tick::new(0));
+        assert_eq!(clock.instant_to_tick(start + us(1)), Tick::new(1));
+        assert_eq!(clock.instant_to_tick(start + ms(1)), Tick::new(1));
         assert_eq!(
             clock.instant_to_tick(start + ms(1) + Duration::from_nanos(1)),
-            2
+            Tick::new(2)
         );
-        assert_eq!(clock.tick_of(start + us(999)), 0);
-        assert_eq!(clock.tick_of(start + ms(1)), 1);
-        assert_eq!(clock.tick_of(start + us(1999)), 1);
+        assert_eq!(clock.tick_of(start + us(999)), Tick::new(0));
+        assert_eq!(clock.tick_of(start + ms(1)), Tick::new(1));
+        assert_eq!(clock.tick_of(start + us(1999)), Tick::new(1));
         // Before the start: tick 0, both ways.
         if let Some(before) = start.checked_sub(ms(5)) {
-            assert_eq!(clock.instant_to_tick(before), 0);
-            assert_eq!(clock.tick_of(before), 0);
+            assert_eq!(clock.instant_to_tick(before), Tick::new(0));
+            assert_eq!(clock.tick_of(before), Tick::new(0));
         }
     }
 
@@ -223,7 +226,10 @@ mod tests {
             let deadline = start + Duration::from_nanos(ns);
             let tick = clock.instant_to_tick(deadline);
             assert!(clock.tick_to_instant(tick) >= deadline, "{ns} ns");
-            assert!(clock.tick_to_instant(tick - 1) < deadline, "{ns} ns");
+            assert!(
+                clock.tick_to_instant(Tick::new(tick.get() - 1)) < deadline,
+                "{ns} ns"
+            );
         }
     }
 
@@ -265,18 +271,22 @@ mod tests {
                     continue;
                 }
                 assert_eq!(
-                    clock.due_tick(ns),
-                    ns.div_ceil(tick_ns),
+                    clock.due_tick(Nanos::new(ns)),
+                    Tick::new(ns.div_ceil(tick_ns)),
                     "{ns} ns, tick {tick_ns}"
                 );
-                let due = clock.due_tick(ns);
-                assert!(ns <= clock.ticks().due_by(due), "due at its tick");
+                let due = clock.due_tick(Nanos::new(ns));
                 assert!(
-                    due == 0 || ns > clock.ticks().due_by(due - 1),
+                    Nanos::new(ns) <= clock.ticks().due_by(due),
+                    "due at its tick"
+                );
+                assert!(
+                    due == Tick::new(0)
+                        || Nanos::new(ns) > clock.ticks().due_by(Tick::new(due.get() - 1)),
                     "not a tick before"
                 );
             }
-            assert_eq!(clock.due_tick(super::NEVER_NS), u64::MAX);
+            assert_eq!(clock.due_tick(Nanos::NEVER), Tick::NEVER);
         }
     }
 
@@ -284,9 +294,9 @@ mod tests {
     fn huge_ticks_saturate_without_panic() {
         let start = Instant::now();
         let clock = Clock::new(start, Duration::from_secs(3600));
-        assert!(clock.tick_to_instant(u64::MAX) > start);
+        assert!(clock.tick_to_instant(Tick::NEVER) > start);
         let one_ns = Clock::new(start, Duration::from_nanos(1));
         let far = start + Duration::from_secs(1 << 40);
-        assert_eq!(one_ns.instant_to_tick(far), u64::MAX);
+        assert_eq!(one_ns.instant_to_tick(far), Tick::NEVER);
     }
 }

@@ -46,6 +46,7 @@
 use core::mem::MaybeUninit;
 use core::ptr::NonNull;
 
+use crate::clock::Nanos;
 use crate::id::{TimerId, TimerState};
 use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
@@ -70,7 +71,8 @@ pub use winner::{CancelledCallback, FiredEntry};
 pub(crate) struct Header {
     /// Functions that know the callback's type.
     vtable: &'static Vtable,
-    /// The deadline, in nanoseconds from tick 0 of the service's clock (`NEVER_NS`:
+    /// The deadline, in nanoseconds from tick 0 of the service's clock (a [`Nanos`]
+    /// kept as its `u64`; `Nanos::NEVER`:
     /// never): the latest one asked for; the shard files it by the tick it is due at
     /// (`ShardStore`). Written
     /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
@@ -215,7 +217,7 @@ impl EntryRef {
     /// Allocates an entry with two references: one for the handle, one for the service.
     pub fn new<F: FnOnce() + Send + 'static>(
         id: TimerId,
-        deadline: u64,
+        deadline: Nanos,
         callback: F,
     ) -> (EntryRef, EntryRef) {
         Self::allocate(id, deadline, &Entry::<F>::VTABLE, callback)
@@ -226,7 +228,7 @@ impl EntryRef {
     /// under `max_pending` only if `holds_room` (a `try_*` future's).
     pub(crate) fn new_sleep<F: FnOnce() + Send + 'static>(
         id: TimerId,
-        deadline: u64,
+        deadline: Nanos,
         holds_room: bool,
         callback: F,
     ) -> (EntryRef, EntryRef) {
@@ -241,7 +243,7 @@ impl EntryRef {
     /// One allocation holding the header and `callback`, with two references.
     fn allocate<C>(
         id: TimerId,
-        deadline: u64,
+        deadline: Nanos,
         vtable: &'static Vtable,
         callback: C,
     ) -> (EntryRef, EntryRef) {
@@ -249,7 +251,7 @@ impl EntryRef {
         let entry = Box::new(Entry {
             header: Header {
                 vtable,
-                deadline: AtomicU64::new(deadline),
+                deadline: AtomicU64::new(deadline.get()),
                 state: StateWord::new(2),
                 id_low,
                 position: UnsafeCell::new(0),
@@ -294,10 +296,10 @@ impl EntryRef {
 
     /// The deadline in nanoseconds from the service clock's tick 0 (the latest
     /// reset's, if any).
-    pub fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> Nanos {
         // ORDERING: Acquire pairs with the Release store in `reset`, for a handle that
         // reads back a deadline another thread set.
-        self.header().deadline.load(Ordering::Acquire)
+        Nanos::new(self.header().deadline.load(Ordering::Acquire))
     }
 
     /// The current state.
@@ -325,7 +327,8 @@ impl EntryRef {
     /// The shard's expiry: fires the entry if it is pending, due by its latest
     /// deadline (at most `due_by` nanoseconds: `Ticks::due_by` of the shard's tick),
     /// and no reset or move is under way (see `state.rs`, "Why a claim bit").
-    pub fn try_fire_due(self, due_by: u64) -> Due {
+    pub fn try_fire_due(self, due_by: Nanos) -> Due {
+        let due_by = due_by.get();
         let header = self.header();
         if header.state.load().state() != TimerState::Pending {
             return Due::Cancelled(self);
@@ -366,7 +369,8 @@ impl EntryRef {
     /// the shard one move message through `port` (ground rule 4), which wakes it, filed
     /// or not yet filed; one already outstanding carries this reset too, since the
     /// shard reads the latest deadline when it arrives.
-    pub fn reset<S: CancelSink>(&self, deadline: u64, port: &CancelPort<S>) -> bool {
+    pub fn reset<S: CancelSink>(&self, deadline: Nanos, port: &CancelPort<S>) -> bool {
+        let deadline = deadline.get();
         let header = self.header();
         if self.is_repeating() {
             // A repeating timer keeps its fixed rate; nothing to move.
@@ -526,6 +530,7 @@ pub enum Due {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::{CancelPort, CancelSink, EntryRef};
+    use crate::clock::Nanos;
     use crate::id::{TimerId, TimerState};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
@@ -568,7 +573,7 @@ mod tests {
     #[test]
     fn fired_runs_once_and_frees() {
         let (callback, ran, dropped) = counted();
-        let (handle, service) = EntryRef::new(TimerId::from_raw(1), 5, callback);
+        let (handle, service) = EntryRef::new(TimerId::from_raw(1), Nanos::new(5), callback);
         let fired = service.try_fire().expect("pending entry fires");
         fired.run();
         assert_eq!(ran.load(Ordering::SeqCst), 1);
@@ -586,7 +591,7 @@ mod tests {
         // SAFETY: the sink outlives every use of the port in this test.
         let port = unsafe { CancelPort::new(&sink) };
         let (callback, ran, dropped) = counted();
-        let (handle, service) = EntryRef::new(TimerId::from_raw(2), 5, callback);
+        let (handle, service) = EntryRef::new(TimerId::from_raw(2), Nanos::new(5), callback);
         let won = handle.cancel(&port).expect("pending: this cancel wins");
         assert_eq!(
             dropped.load(Ordering::SeqCst),
@@ -605,7 +610,7 @@ mod tests {
         assert_eq!(ran.load(Ordering::SeqCst), 0);
 
         let (callback, _, _) = counted();
-        let (handle, service) = EntryRef::new(TimerId::from_raw(3), 5, callback);
+        let (handle, service) = EntryRef::new(TimerId::from_raw(3), Nanos::new(5), callback);
         assert_eq!(service.mark_filed(), super::File::Filed);
         drop(handle.cancel(&port).expect("wins"));
         let message = sink.0.lock().unwrap().pop().expect("filed: one message");
@@ -615,7 +620,7 @@ mod tests {
     #[test]
     fn last_reference_of_a_pending_entry_drops_the_callback() {
         let (callback, ran, dropped) = counted();
-        let (handle, service) = EntryRef::new(TimerId::from_raw(4), 5, callback);
+        let (handle, service) = EntryRef::new(TimerId::from_raw(4), Nanos::new(5), callback);
         drop(service);
         assert_eq!(dropped.load(Ordering::SeqCst), 0);
         drop(handle);
@@ -626,7 +631,7 @@ mod tests {
     #[test]
     fn fired_but_never_run_drops_the_callback() {
         let (callback, ran, dropped) = counted();
-        let (_handle, service) = EntryRef::new(TimerId::from_raw(5), 5, callback);
+        let (_handle, service) = EntryRef::new(TimerId::from_raw(5), Nanos::new(5), callback);
         drop(service.try_fire().unwrap());
         assert_eq!(
             (ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)),
@@ -636,7 +641,8 @@ mod tests {
 
     #[test]
     fn panicking_callback_still_releases() {
-        let (handle, service) = EntryRef::new(TimerId::from_raw(6), 5, || panic!("boom"));
+        let (handle, service) =
+            EntryRef::new(TimerId::from_raw(6), Nanos::new(5), || panic!("boom"));
         let fired = service.try_fire().unwrap();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fired.run()));
         assert!(result.is_err());
@@ -645,13 +651,13 @@ mod tests {
 
     #[test]
     fn a_reset_while_claimed_waits_and_the_claim_fires_on_the_latest_deadline() {
-        let (handle, service) = EntryRef::new(TimerId::from_raw(7), 5, || {});
+        let (handle, service) = EntryRef::new(TimerId::from_raw(7), Nanos::new(5), || {});
         assert_eq!(service.mark_filed(), super::File::Filed);
         let sink = Sink::default();
         // SAFETY: the sink outlives every use of the port in this test.
         let port = unsafe { CancelPort::new(&sink) };
-        assert!(handle.reset(20, &port), "later: one store");
-        match service.try_fire_due(10) {
+        assert!(handle.reset(Nanos::new(20), &port), "later: one store");
+        match service.try_fire_due(Nanos::new(10)) {
             super::Due::Later(entry) => drop(entry),
             other => panic!("not due at 10 after a reset to 20: {other:?}"),
         }

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::clock::{instant_after, ns_since, ManualTime, NEVER_NS};
+use crate::clock::{instant_after, ns_since, ManualTime, Nanos};
 use crate::entry::{CancelPort, EntryRef};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
@@ -190,7 +190,7 @@ impl TimerHandle {
     pub fn reset(&self, delay: std::time::Duration) -> bool {
         let deadline = match self.now().checked_add(delay) {
             Some(deadline) => ns_since(self.start(), deadline),
-            None => NEVER_NS,
+            None => Nanos::NEVER,
         };
         self.entry.reset(deadline, &self.port)
     }

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::clock::{instant_after, NEVER_NS};
+use crate::clock::{instant_after, Nanos};
 use crate::{ShardedTimer, Sleep};
 
 /// What an [`Interval`] does when a tick completes late — the task did not poll it
@@ -76,7 +76,10 @@ impl MissedTickBehavior {
 
 /// `at + by`, or about a century on when that does not fit (it never comes due).
 fn add_saturating(at: Instant, by: Duration) -> Instant {
-    instant_after(at, u64::try_from(by.as_nanos()).unwrap_or(NEVER_NS))
+    instant_after(
+        at,
+        u64::try_from(by.as_nanos()).map_or(Nanos::NEVER, Nanos::new),
+    )
 }
 
 /// Ticks every `period` on a fixed grid; made by [`ShardedTimer::interval`] and

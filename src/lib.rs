@@ -139,6 +139,13 @@
 struct ReadmeDoctests;
 
 mod callbacks;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
 mod clock;
 #[cfg_attr(
     not(loom),
@@ -211,6 +218,7 @@ pub use interval::{Interval, MissedTickBehavior};
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod __loom {
+    pub use crate::clock::{Nanos, Tick};
     pub use crate::entry::{
         Cancel, CancelPort, CancelSink, CancelledCallback, Due, EntryRef, File, FiredEntry,
         Message, RunningEntry, Snapshot,
@@ -221,7 +229,7 @@ pub mod __loom {
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{
         park_for_model, run_as_shard_thread, Cursors, Expired, RunTask, ShardCore, ShardShared,
-        AWAKE, NEVER,
+        AWAKE,
     };
 
     /// A fresh timer id (the models need one per entry).

@@ -45,7 +45,7 @@
 mod core;
 mod shard_loop;
 
-use crate::clock::{BatchMark, Clock, TimeSource};
+use crate::clock::{BatchMark, Clock, Nanos, Tick, TimeSource};
 use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
 use crate::executor::Task;
 use crate::limit::PendingLimit;
@@ -64,10 +64,10 @@ pub(crate) use self::shard_loop::{
 #[cfg(loom)]
 pub use self::shard_loop::{park_for_model, run_as_shard_thread};
 
-/// `next_wake` while the shard is running: no producer needs to wake it.
-pub const AWAKE: u64 = 0;
-/// `next_wake` while the shard sleeps with nothing due: any deadline is earlier.
-pub const NEVER: u64 = u64::MAX;
+/// `next_wake` while the shard is running: no deadline is earlier, so no producer
+/// needs to wake it. (`next_wake` is [`Tick::NEVER`] while the shard sleeps with
+/// nothing due: any deadline is earlier.)
+pub const AWAKE: Tick = Tick::new(0);
 /// Fired tasks handed to the executor per batch.
 const FIRE_BATCH: usize = 256;
 
@@ -99,7 +99,7 @@ impl Task for ShardTask {
 impl ShardTask {
     /// The timer's id and its (or this run's) deadline in nanoseconds from tick 0;
     /// `None` for a mark.
-    pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, u64)> {
+    pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, Nanos)> {
         match self {
             ShardTask::Fired(task) => Some((task.id(), task.deadline())),
             ShardTask::Run(task) => Some((task.running.id(), task.running.deadline())),
@@ -262,7 +262,8 @@ pub struct ShardShared {
     insert: Ring<EntryRef>,
     /// Cancel and move messages, each owning a reference (entry ground rule 4).
     messages: Ring<Message>,
-    /// The tick the shard sleeps until: [`AWAKE`] while running, [`NEVER`] when idle.
+    /// The tick the shard sleeps until (a [`Tick`]'s `u64`): [`AWAKE`] while running,
+    /// [`Tick::NEVER`] when idle.
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
     next_wake: CachePadded<AtomicU64>,
@@ -317,7 +318,7 @@ pub struct Cursors {
 #[derive(Clone, Copy, Debug)]
 enum Wake {
     /// If the shard sleeps past this tick (a new timer's deadline).
-    Before(u64),
+    Before(Tick),
     /// If the shard sleeps with nothing to do (a cancel: it frees memory, never urgent).
     IfIdle,
     /// Always (a move: later resets of the same timer may have moved it earlier still
@@ -346,7 +347,7 @@ impl ShardShared {
         let shared = Arc::new(ShardShared {
             insert,
             messages,
-            next_wake: CachePadded::new(AtomicU64::new(AWAKE)),
+            next_wake: CachePadded::new(AtomicU64::new(AWAKE.get())),
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
@@ -414,14 +415,14 @@ impl ShardShared {
     }
 
     /// The store half of the park handshake (ground rules): publishes that the shard
-    /// will sleep until tick `wake` ([`NEVER`] for no timer), then re-checks both
+    /// will sleep until tick `wake` ([`Tick::NEVER`] for no timer), then re-checks both
     /// rings and the stop flag. Returns whether the shard may park; if not, it has
     /// already published [`AWAKE`] again. Shard thread only.
-    pub fn prepare_park(&self, cursors: &Cursors, wake: u64) -> bool {
+    pub fn prepare_park(&self, cursors: &Cursors, wake: Tick) -> bool {
         // ORDERING: Relaxed store, then a SeqCst fence before re-checking the rings:
         // the shard's half of the park handshake (ground rules), pairing with the
         // fence after a producer's reservation.
-        self.next_wake.store(wake, Ordering::Relaxed);
+        self.next_wake.store(wake.get(), Ordering::Relaxed);
         fence(Ordering::SeqCst);
         let work_arrived = self.insert.has_pending(&cursors.insert)
             || self.messages.has_pending(&cursors.messages);
@@ -436,7 +437,7 @@ impl ShardShared {
     /// Publishes that the shard is awake again. Shard thread only.
     pub fn wake_up(&self) {
         // ORDERING: Relaxed: a stale value only makes a producer unpark needlessly.
-        self.next_wake.store(AWAKE, Ordering::Relaxed);
+        self.next_wake.store(AWAKE.get(), Ordering::Relaxed);
     }
 
     /// Records the shard's thread so producers can unpark it.
@@ -450,7 +451,7 @@ impl ShardShared {
     /// # Errors
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
-    pub fn push_insert(&self, entry: EntryRef, deadline: u64) -> Result<(), EntryRef> {
+    pub fn push_insert(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
         self.push_and_wake(&self.insert, entry, Wake::Before(deadline))
     }
 
@@ -474,10 +475,10 @@ impl ShardShared {
                     fence(Ordering::SeqCst);
                     self.canary.touch();
                     // ORDERING: Relaxed: ordered by the fence above.
-                    let sleeps_until = self.next_wake.load(Ordering::Relaxed);
+                    let sleeps_until = Tick::new(self.next_wake.load(Ordering::Relaxed));
                     let urgent = match wake {
                         Wake::Before(deadline) => deadline < sleeps_until,
-                        Wake::IfIdle => sleeps_until == NEVER,
+                        Wake::IfIdle => sleeps_until == Tick::NEVER,
                         Wake::Always => true,
                     };
                     // An owned handle, taken before publishing: after `publish` we may
@@ -543,7 +544,7 @@ impl ShardShared {
 
     /// Files a repeating timer's next run, due at tick `next`, after its run ended;
     /// if the shard has shut down, hands it to the late list instead.
-    pub fn refile_run(&self, entry: EntryRef, next: u64) {
+    pub fn refile_run(&self, entry: EntryRef, next: Tick) {
         // Counted first: a re-filing is not a new timer, and the shard may count its
         // insert as soon as it is published.
         // ORDERING: Relaxed: a statistic, exact at quiescence.

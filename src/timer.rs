@@ -7,7 +7,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::callbacks::{Callbacks, Mode};
-use crate::clock::{Clock, ManualClock, ManualTime, TimeSource, NEVER_NS};
+use crate::clock::{Clock, ManualClock, ManualTime, Nanos, TimeSource};
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::Executor;
@@ -549,7 +549,7 @@ impl ShardedTimer {
 
     /// Schedules `f` at `deadline` (nanoseconds from tick 0): allocate the entry, route
     /// it by the hash of its id, push it to that shard's ring.
-    fn schedule_ns<F>(&self, deadline: u64, f: F) -> Result<TimerHandle, ScheduleError>
+    fn schedule_ns<F>(&self, deadline: Nanos, f: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
     {
@@ -698,7 +698,7 @@ impl ShardedTimer {
     /// by the hash of its id and pushes it to that shard's ring.
     fn enqueue(
         &self,
-        deadline: u64,
+        deadline: Nanos,
         holds_room: bool,
         make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
     ) -> Result<TimerHandle, ScheduleError> {
@@ -736,10 +736,10 @@ impl ShardedTimer {
         ))
     }
 
-    /// The deadline `delay` after `start`, in nanoseconds from tick 0; [`NEVER_NS`]
+    /// The deadline `delay` after `start`, in nanoseconds from tick 0; [`Nanos::NEVER`]
     /// when it does not fit in an `Instant` (a delay such as `Duration::MAX`).
-    fn ns_after(&self, start: Instant, delay: Duration) -> u64 {
-        start.checked_add(delay).map_or(NEVER_NS, |deadline| {
+    fn ns_after(&self, start: Instant, delay: Duration) -> Nanos {
+        start.checked_add(delay).map_or(Nanos::NEVER, |deadline| {
             self.inner.clock.instant_to_ns(deadline)
         })
     }
@@ -781,7 +781,7 @@ impl ShardedTimer {
     pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
         self.now()
             .checked_add(delay)
-            .unwrap_or_else(|| self.inner.clock.ns_to_instant(NEVER_NS))
+            .unwrap_or_else(|| self.inner.clock.ns_to_instant(Nanos::NEVER))
     }
 
     /// A snapshot of the counters, summed over the shards and workers, with each

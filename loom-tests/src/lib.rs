@@ -73,12 +73,12 @@ where
 /// thread runs) in the models.
 #[cfg(loom)]
 pub mod shard {
-    use sharded_timer::__loom::{Expired, RunTask, ShardCore, ShardShared};
+    use sharded_timer::__loom::{Expired, RunTask, ShardCore, ShardShared, Tick};
 
     /// A shard with rings of `capacity` slots and its core, wheel at tick 0, no limit.
     pub fn new(capacity: usize) -> (loom::sync::Arc<ShardShared>, ShardCore) {
         let (shared, cursors) = ShardShared::new(capacity);
-        let core = ShardCore::new(shared.clone(), cursors, 0, 1, None);
+        let core = ShardCore::new(shared.clone(), cursors, Tick::new(0), 1, None);
         (shared, core)
     }
 
@@ -89,7 +89,7 @@ pub mod shard {
     pub fn turn(core: &mut ShardCore, now: u64) -> usize {
         let mut ran = 0;
         let shared = core.shared().clone();
-        core.turn(|| now, &mut |expired| {
+        core.turn(|| Tick::new(now), &mut |expired| {
             ran += 1;
             match expired {
                 Expired::Fired(task) => task.run(),

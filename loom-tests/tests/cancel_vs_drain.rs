@@ -22,7 +22,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, EntryRef};
+use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
 
 #[test]
 fn cancel_before_in_wheel_or_after_expiry_is_honoured_exactly_once() {
@@ -34,10 +34,10 @@ fn cancel_before_in_wheel_or_after_expiry_is_honoured_exactly_once() {
         let producer = {
             let (shared, ran, won, done) = (shared.clone(), ran.clone(), won.clone(), done.clone());
             thread::spawn(move || {
-                let (handle, service) = EntryRef::new(next_id(), 1, move || {
+                let (handle, service) = EntryRef::new(next_id(), Nanos::new(1), move || {
                     ran.fetch_add(1, Ordering::SeqCst);
                 });
-                assert!(shared.push_insert(service, 1).is_ok());
+                assert!(shared.push_insert(service, Tick::new(1)).is_ok());
                 let cancelled = handle.cancel(&shared.port()).is_some();
                 trace(format!("cancel returned {cancelled}"));
                 won.store(cancelled, Ordering::SeqCst);

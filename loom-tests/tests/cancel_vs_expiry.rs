@@ -18,7 +18,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, EntryRef};
+use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
 
 /// Counts drops of a callback's captures.
 struct DropCount(Arc<AtomicUsize>);
@@ -37,11 +37,11 @@ fn exactly_one_of_cancel_and_expiry_wins() {
         let dropped = Arc::new(AtomicUsize::new(0));
         let capture = DropCount(dropped.clone());
         let ran_in = ran.clone();
-        let (handle, service) = EntryRef::new(next_id(), 0, move || {
+        let (handle, service) = EntryRef::new(next_id(), Nanos::new(0), move || {
             let _capture = &capture;
             ran_in.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(shared.push_insert(service, 0).is_ok());
+        assert!(shared.push_insert(service, Tick::new(0)).is_ok());
         core.drain_inserts();
         let won = Arc::new(AtomicBool::new(false));
         let canceller = {

@@ -21,7 +21,9 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, run_as_shard_thread, EntryRef, ShardCore, ShardShared};
+use sharded_timer::__loom::{
+    next_id, run_as_shard_thread, EntryRef, Nanos, ShardCore, ShardShared, Tick,
+};
 
 /// Timers each callback schedules onto the other shard: one more than its ring holds.
 const EACH: u64 = 3;
@@ -42,8 +44,8 @@ fn callback_scheduling_onto(
         core.shared().set_thread(thread::current());
         let mut core = run_as_shard_thread(core, || {
             for k in 0..EACH {
-                let (handle, service) = EntryRef::new(next_id(), 10 + k, || {});
-                assert!(other.push_insert(service, 10 + k).is_ok());
+                let (handle, service) = EntryRef::new(next_id(), Nanos::new(10 + k), || {});
+                assert!(other.push_insert(service, Tick::new(10 + k)).is_ok());
                 trace(format!("{name} scheduled {k} onto the other shard"));
                 drop(handle);
             }

@@ -19,7 +19,7 @@
 
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, park_for_model, EntryRef};
+use sharded_timer::__loom::{next_id, park_for_model, EntryRef, Nanos, Tick};
 
 #[test]
 fn an_earlier_deadline_always_wakes_a_parking_shard() {
@@ -28,14 +28,14 @@ fn an_earlier_deadline_always_wakes_a_parking_shard() {
         // As `Builder::build` does: the shard's thread is known before any producer.
         shared.set_thread(thread::current());
         // The shard's next expiry: tick 10.
-        let (later, service) = EntryRef::new(next_id(), 10, || {});
-        assert!(shared.push_insert(service, 10).is_ok());
+        let (later, service) = EntryRef::new(next_id(), Nanos::new(10), || {});
+        assert!(shared.push_insert(service, Tick::new(10)).is_ok());
         assert_eq!(core.drain_inserts(), 1);
         let producer = {
             let shared = shared.clone();
             thread::spawn(move || {
-                let (handle, service) = EntryRef::new(next_id(), 5, || {});
-                assert!(shared.push_insert(service, 5).is_ok());
+                let (handle, service) = EntryRef::new(next_id(), Nanos::new(5), || {});
+                assert!(shared.push_insert(service, Tick::new(5)).is_ok());
                 trace("pushed a timer due at tick 5");
                 drop(handle);
             })
@@ -50,7 +50,7 @@ fn an_earlier_deadline_always_wakes_a_parking_shard() {
                 thread::yield_now();
             }
         }
-        assert_eq!(core.next_expiry(), Some(5), "the timer is filed");
+        assert_eq!(core.next_expiry(), Some(Tick::new(5)), "the timer is filed");
         producer.join().unwrap();
         assert_eq!(core.shut_down().len(), 2);
         drop(later);

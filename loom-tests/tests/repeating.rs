@@ -40,7 +40,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
 use sharded_timer::__loom::{
-    next_id, EntryRef, Expired, RunTask, RunningEntry, ShardCore, ShardShared,
+    next_id, EntryRef, Expired, Nanos, RunTask, RunningEntry, ShardCore, ShardShared, Tick,
 };
 use sharded_timer::TimerState;
 
@@ -60,12 +60,17 @@ fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, 
     let (shared, mut core) = loom_tests::shard::new(2);
     let capture = DropCount(dropped.clone());
     let start = Instant::now();
-    let (handle, service) =
-        EntryRef::new_repeating(next_id(), 0, start, Duration::from_secs(1), move || {
+    let (handle, service) = EntryRef::new_repeating(
+        next_id(),
+        Nanos::new(0),
+        start,
+        Duration::from_secs(1),
+        move || {
             let _capture = &capture;
             trace("run");
-        });
-    assert!(shared.push_insert(service, 0).is_ok());
+        },
+    );
+    assert!(shared.push_insert(service, Tick::new(0)).is_ok());
     core.drain_inserts();
     (shared, core, handle)
 }
@@ -73,7 +78,7 @@ fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, 
 /// The runs the core starts at tick 0.
 fn start_runs(core: &mut ShardCore) -> Vec<RunningEntry> {
     let mut runs = Vec::new();
-    core.expire(0, &mut |expired| match expired {
+    core.expire(Tick::new(0), &mut |expired| match expired {
         Expired::Run(running) => runs.push(running),
         Expired::Fired(_) => panic!("a repeating timer runs, it does not fire"),
     });

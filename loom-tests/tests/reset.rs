@@ -23,7 +23,7 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, EntryRef, NEVER};
+use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
 
 #[test]
 fn an_earlier_reset_of_a_timer_not_yet_filed_wakes_the_shard() {
@@ -34,18 +34,18 @@ fn an_earlier_reset_of_a_timer_not_yet_filed_wakes_the_shard() {
         shared.set_thread(thread::current());
         // A blocker due at tick 5: the shard sleeps until then, so the new timer's
         // push (due at tick 10) does not wake it; only the reset can.
-        let (_blocker, blocker) = EntryRef::new(next_id(), 5, || {});
-        assert!(shared.push_insert(blocker, 5).is_ok());
+        let (_blocker, blocker) = EntryRef::new(next_id(), Nanos::new(5), || {});
+        assert!(shared.push_insert(blocker, Tick::new(5)).is_ok());
         core.drain_inserts();
         let producer = {
             let (shared, ran) = (shared.clone(), ran.clone());
             thread::spawn(move || {
-                let (handle, service) = EntryRef::new(next_id(), 10, move || {
+                let (handle, service) = EntryRef::new(next_id(), Nanos::new(10), move || {
                     ran.fetch_add(1, Ordering::SeqCst);
                 });
-                assert!(shared.push_insert(service, 10).is_ok());
+                assert!(shared.push_insert(service, Tick::new(10)).is_ok());
                 assert!(
-                    handle.reset(2, &shared.port()),
+                    handle.reset(Nanos::new(2), &shared.port()),
                     "pending: the reset takes effect"
                 );
                 trace("moved to tick 2");
@@ -53,9 +53,9 @@ fn an_earlier_reset_of_a_timer_not_yet_filed_wakes_the_shard() {
         };
         // The shard, with the clock at tick 2.
         while shard::turn(&mut core, 2) == 0 {
-            let wake = core.next_expiry().unwrap_or(NEVER);
-            if wake > 2 && core.prepare_park(wake) {
-                trace(format!("parking until tick {wake}"));
+            let wake = core.next_expiry().unwrap_or(Tick::NEVER);
+            if wake > Tick::new(2) && core.prepare_park(wake) {
+                trace(format!("parking until tick {}", wake.get()));
                 thread::park();
                 core.shared().wake_up();
             } else {
@@ -78,16 +78,16 @@ fn a_reset_that_took_effect_is_never_fired_on_its_old_deadline() {
         let (shared, mut core) = shard::new(2);
         let ran = Arc::new(AtomicUsize::new(0));
         let ran_in = ran.clone();
-        let (handle, service) = EntryRef::new(next_id(), 0, move || {
+        let (handle, service) = EntryRef::new(next_id(), Nanos::new(0), move || {
             ran_in.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(shared.push_insert(service, 0).is_ok());
+        assert!(shared.push_insert(service, Tick::new(0)).is_ok());
         core.drain_inserts();
         let moved = Arc::new(AtomicBool::new(false));
         let resetter = {
             let (shared, moved) = (shared.clone(), moved.clone());
             thread::spawn(move || {
-                let took = handle.reset(10, &shared.port());
+                let took = handle.reset(Nanos::new(10), &shared.port());
                 trace(format!("reset to 10 took effect: {took}"));
                 moved.store(took, Ordering::SeqCst);
             })

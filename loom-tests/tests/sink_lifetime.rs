@@ -23,14 +23,14 @@ use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, shard, trace};
-use sharded_timer::__loom::{next_id, EntryRef};
+use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
 
 #[test]
 fn cancel_racing_shutdown_touches_nothing_after_its_message() {
     model(|| {
         let (shared, mut core) = shard::new(2);
-        let (handle, service) = EntryRef::new(next_id(), 5, || {});
-        assert!(shared.push_insert(service, 5).is_ok());
+        let (handle, service) = EntryRef::new(next_id(), Nanos::new(5), || {});
+        assert!(shared.push_insert(service, Tick::new(5)).is_ok());
         assert_eq!(shard::turn(&mut core, 0), 0, "filed, not due");
         let won = Arc::new(AtomicBool::new(false));
         let canceller = {
@@ -59,15 +59,15 @@ fn cancel_racing_shutdown_touches_nothing_after_its_message() {
 fn an_earlier_reset_racing_shutdown_touches_nothing_after_its_message() {
     model(|| {
         let (shared, mut core) = shard::new(2);
-        let (handle, service) = EntryRef::new(next_id(), 5, || {});
-        assert!(shared.push_insert(service, 5).is_ok());
+        let (handle, service) = EntryRef::new(next_id(), Nanos::new(5), || {});
+        assert!(shared.push_insert(service, Tick::new(5)).is_ok());
         assert_eq!(shard::turn(&mut core, 0), 0, "filed, not due");
         let resetter = {
             let shared = shared.clone();
             thread::spawn(move || {
                 let port = shared.port();
                 drop(shared);
-                let moved = handle.reset(1, &port);
+                let moved = handle.reset(Nanos::new(1), &port);
                 trace(format!("reset took effect: {moved}"));
             })
         };

@@ -36,7 +36,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use super::{instant_after, LAST_NS};
+use super::{instant_after, Nanos};
 use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
 
 /// A clock that moves only when told to, for tests: code with 30-second timeouts is
@@ -134,7 +134,7 @@ impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let progress = self.time.lock();
         f.debug_struct("ManualClock")
-            .field("elapsed", &Duration::from_nanos(progress.now_ns))
+            .field("elapsed", &Duration::from_nanos(progress.now.get()))
             .field("shards", &progress.shards.len())
             .finish()
     }
@@ -154,7 +154,7 @@ pub(crate) struct ManualTime {
 #[derive(Debug, Default)]
 struct Progress {
     /// Nanoseconds since `start`.
-    now_ns: u64,
+    now: Nanos,
     /// Rounds asked for so far.
     round: u64,
     /// Turns that fired something, so far.
@@ -235,12 +235,12 @@ impl ManualTime {
 
     /// The current instant.
     pub(crate) fn now(&self) -> Instant {
-        let now_ns = self.lock().now_ns;
-        self.instant_at(now_ns)
+        let now = self.lock().now;
+        self.instant_at(now)
     }
 
     /// `start` plus `ns` (see [`instant_after`]).
-    fn instant_at(&self, ns: u64) -> Instant {
+    fn instant_at(&self, ns: Nanos) -> Instant {
         instant_after(self.start, ns)
     }
 
@@ -248,8 +248,8 @@ impl ManualTime {
     fn advance(&self, by: Duration) {
         let by_ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         let mut progress = self.lock();
-        // Saturates at LAST_NS, forward: every deadline but "never" is due there.
-        progress.now_ns = progress.now_ns.saturating_add(by_ns).min(LAST_NS);
+        // Saturates at Nanos::LAST, forward: every deadline but "never" is due there.
+        progress.now = progress.now.advanced(by_ns);
         let waits = RUNNING_FOR.with(Cell::get).0 != self.address();
         loop {
             let activity = progress.activity;
@@ -342,7 +342,7 @@ impl TurnSlot {
         let progress = self.time.lock();
         Turn {
             round: progress.round,
-            now: self.time.instant_at(progress.now_ns),
+            now: self.time.instant_at(progress.now),
         }
     }
 
@@ -356,7 +356,7 @@ impl TurnSlot {
     pub(crate) fn before_park(&self, answered: u64) -> (Instant, bool) {
         let progress = self.time.lock();
         (
-            self.time.instant_at(progress.now_ns),
+            self.time.instant_at(progress.now),
             progress.round > answered,
         )
     }

@@ -5,7 +5,7 @@ use core::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use super::{Entry, EntryRef, Header, Vtable};
-use crate::clock::NEVER_NS;
+use crate::clock::Nanos;
 use crate::sync::Ordering;
 
 /// Counts a repeating timer's run and returns its next deadline and the runs skipped.
@@ -135,7 +135,7 @@ impl EntryRef {
     /// [`EntryRef::new`].
     pub fn new_repeating<F: FnMut() + Send + 'static>(
         id: crate::id::TimerId,
-        deadline: u64,
+        deadline: Nanos,
         start: Instant,
         period: Duration,
         callback: F,
@@ -149,7 +149,7 @@ impl EntryRef {
     /// references, as [`EntryRef::new`].
     pub fn new_fixed_delay<F: FnMut() + Send + 'static>(
         id: crate::id::TimerId,
-        deadline: u64,
+        deadline: Nanos,
         start: Instant,
         delay: Duration,
         callback: F,
@@ -186,7 +186,7 @@ impl RunningEntry {
     }
 
     /// This run's deadline, in nanoseconds from tick 0.
-    pub fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> Nanos {
         self.entry().deadline()
     }
 
@@ -215,7 +215,11 @@ impl RunningEntry {
     /// # Panics
     ///
     /// Never: a `RunningEntry` is always an unfinished repeating entry.
-    pub fn schedule_next(&mut self, now: Instant, to_ns: impl Fn(Instant) -> u64) -> (u64, u64) {
+    pub fn schedule_next(
+        &mut self,
+        now: Instant,
+        to_ns: impl Fn(Instant) -> Nanos,
+    ) -> (Nanos, u64) {
         let entry = self.entry();
         let next = entry
             .header()
@@ -224,10 +228,13 @@ impl RunningEntry {
             .expect("a running entry is repeating");
         // SAFETY: as in `call`.
         let (deadline, skipped) = unsafe { next(entry.0, now) };
-        let deadline = deadline.map_or(NEVER_NS, to_ns);
+        let deadline = deadline.map_or(Nanos::NEVER, to_ns);
         // ORDERING: Release: published with the entry through the insert ring (and by
         // `finish_run`'s Release) to the shard's loads.
-        entry.header().deadline.store(deadline, Ordering::Release);
+        entry
+            .header()
+            .deadline
+            .store(deadline.get(), Ordering::Release);
         (deadline, skipped)
     }
 

@@ -5,7 +5,7 @@
 use core::ptr::NonNull;
 
 use super::{EntryRef, Header};
-use crate::clock::Ticks;
+use crate::clock::{Nanos, Ticks};
 use crate::sync::Ordering;
 use crate::wheel::{Place, Store};
 
@@ -134,8 +134,9 @@ impl Store for ShardStore {
         // move message of the reset that moved it earlier; a stale earlier one makes
         // the entry come due early, where `try_fire_due` re-checks under its claim and
         // re-files it.
-        let deadline_ns = self.header(entry).deadline.load(Ordering::Relaxed);
-        self.0.due_tick(deadline_ns)
+        let deadline = Nanos::new(self.header(entry).deadline.load(Ordering::Relaxed));
+        // The pure wheel is in plain `u64` ticks.
+        self.0.due_tick(deadline).get()
     }
 
     fn place(&self, entry: EntryPtr) -> Place {

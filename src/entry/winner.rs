@@ -27,7 +27,7 @@ impl FiredEntry {
     }
 
     /// Its deadline, in nanoseconds from tick 0.
-    pub fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> crate::clock::Nanos {
         self.entry.deadline()
     }
 

@@ -45,7 +45,7 @@
     reason = "the core claims the wheel's references back; it owns that invariant"
 )]
 
-use crate::clock::Ticks;
+use crate::clock::{Nanos, Tick, Ticks};
 use crate::entry::{
     Aside, Due, EntryPtr, EntryRef, File, FiredEntry, Message, RunningEntry, ShardStore,
 };
@@ -67,7 +67,7 @@ pub enum Expired {
 
 impl Expired {
     /// The timer's (or this run's) deadline, in nanoseconds from tick 0.
-    pub fn deadline(&self) -> u64 {
+    pub fn deadline(&self) -> Nanos {
         match self {
             Expired::Fired(task) => task.deadline(),
             Expired::Run(running) => running.deadline(),
@@ -103,7 +103,7 @@ impl ShardCore {
     pub fn new(
         shared: Arc<ShardShared>,
         cursors: Cursors,
-        now: u64,
+        now: Tick,
         tick_ns: u64,
         limit: Option<Arc<PendingLimit>>,
     ) -> Self {
@@ -111,7 +111,7 @@ impl ShardCore {
         ShardCore {
             shared,
             cursors,
-            wheel: Wheel::new(now),
+            wheel: Wheel::new(now.get()),
             // SAFETY: the core keeps the store behind `&mut self` (one thread at a
             // time), passes it only pointers to entries it holds a reference to (in the
             // wheel, popped from a ring, or in a message), and claims each released
@@ -137,12 +137,12 @@ impl ShardCore {
     }
 
     /// The earliest tick with work in the wheel.
-    pub fn next_expiry(&self) -> Option<u64> {
-        self.wheel.next_expiry()
+    pub fn next_expiry(&self) -> Option<Tick> {
+        self.wheel.next_expiry().map(Tick::new)
     }
 
     /// The park handshake's store half; see [`ShardShared::prepare_park`].
-    pub fn prepare_park(&self, wake: u64) -> bool {
+    pub fn prepare_park(&self, wake: Tick) -> bool {
         self.shared.prepare_park(&self.cursors, wake)
     }
 
@@ -241,7 +241,7 @@ impl ShardCore {
     /// One turn of the shard loop: files what waits in the insert ring, takes the
     /// messages, reads the time (`now`, a tick) and expires what is due by it into
     /// `out`. `ShardThread::run` calls this every turn; the loom models call it too.
-    pub fn turn(&mut self, now: impl FnOnce() -> u64, out: &mut impl FnMut(Expired)) {
+    pub fn turn(&mut self, now: impl FnOnce() -> Tick, out: &mut impl FnMut(Expired)) {
         self.drain_inserts();
         self.drain_messages();
         let now = now();
@@ -251,7 +251,7 @@ impl ShardCore {
     /// Advances the wheel to tick `now` and expires what is due: each fired timer or
     /// started run goes to `out`; entries whose deadline moved later (or whose reset
     /// is under way) are re-filed; cancelled ones are tracked until their message.
-    pub fn expire(&mut self, now: u64, out: &mut impl FnMut(Expired)) {
+    pub fn expire(&mut self, now: Tick, out: &mut impl FnMut(Expired)) {
         let ShardCore {
             shared,
             wheel,
@@ -265,7 +265,7 @@ impl ShardCore {
         let due_by = ticks.due_by(now);
         let mut fired = 0;
         let mut runs = 0;
-        wheel.advance(store, now, &mut |store, ptr| {
+        wheel.advance(store, now.get(), &mut |store, ptr| {
             // SAFETY: the wheel hands back each filed pointer once, and its reference
             // (given up by `release` when filed) is unclaimed until now.
             let entry = unsafe { store.claim(ptr) };

@@ -24,9 +24,9 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::core::{Expired, ShardCore};
-use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH, NEVER};
+use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH};
 use crate::callbacks::Callback;
-use crate::clock::{Clock, TurnSlot};
+use crate::clock::{Clock, Nanos, Tick, TurnSlot};
 use crate::entry::EntryRef;
 use crate::executor::{run_caught, Executor, Task};
 use crate::limit::PendingLimit;
@@ -325,7 +325,7 @@ impl ShardThread {
                 let core = core.as_mut()?;
                 // Lateness: this pass's clock reading less the start of each tick.
                 // (Read after the rings are drained, as the turn does.)
-                let now_ns = Cell::new(0);
+                let now_ns = Cell::new(Nanos::default());
                 let lateness = &shared.stats.lateness;
                 let now = || {
                     let now_instant = turn.map_or_else(Instant::now, |turn| turn.now);
@@ -336,7 +336,7 @@ impl ShardThread {
                     fired_any = true;
                     let due_tick = clock.due_tick(expired.deadline());
                     let due_ns = clock.ticks().due_by(due_tick);
-                    lateness.record(now_ns.get().saturating_sub(due_ns));
+                    lateness.record(now_ns.get().since(due_ns));
                     let task = match expired {
                         Expired::Fired(task) => ShardTask::Fired(task),
                         Expired::Run(running) => ShardTask::Run(RunTask {
@@ -458,7 +458,7 @@ impl Drop for AbortOnUnwind {
 /// a round later than `answered` is asked for: nothing comes due until an `advance`,
 /// which unparks the shard.
 fn park_until(core: &ShardCore, clock: Clock, turns: Option<&TurnSlot>, answered: u64) {
-    let wake = core.next_expiry().unwrap_or(NEVER);
+    let wake = core.next_expiry().unwrap_or(Tick::NEVER);
     let (now, manual) = match turns {
         Some(turns) => {
             let (now, round_asked) = turns.before_park(answered);
@@ -479,7 +479,7 @@ fn park_until(core: &ShardCore, clock: Clock, turns: Option<&TurnSlot>, answered
         spin_loop();
         return;
     }
-    if wake == NEVER || manual {
+    if wake == Tick::NEVER || manual {
         thread::park();
     } else {
         let until = clock.tick_to_instant(wake);
