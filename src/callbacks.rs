@@ -31,6 +31,14 @@ type Spawner = std::sync::Arc<dyn Fn(Callback) + Send + Sync>;
 ///   on the shard thread; `f` sends it to an executor of your own (rayon, tokio's
 ///   `spawn_blocking`, a queue) and returns. `f` should be quick: it runs on the shard.
 ///
+/// **Futures.** A [`Sleep`](crate::Sleep), [`Timeout`](crate::Timeout) or
+/// [`Interval`](crate::Interval) tick is woken by its timer's callback, so the thread
+/// that wakes the task is the one these modes name: a pool worker, the shard thread
+/// (inline), or wherever your spawner runs the `Callback`. The callback only calls
+/// the task's waker, which schedules the task on its own executor; so a program that
+/// uses the timer only through futures should pick `inline()`: one wake per timer, no
+/// hand-off to a pool and no pool threads at all.
+///
 /// What [`shutdown`](crate::ShardedTimer::shutdown) waits for: with the pool, every
 /// callback already handed to it; inline, every callback already fired (a callback
 /// that calls `shutdown` itself does not wait for itself, and the callbacks fired with
@@ -131,6 +139,7 @@ impl Callbacks {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[cfg(feature = "rayon")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rayon")))]
     pub fn rayon(pool: std::sync::Arc<rayon::ThreadPool>) -> Callbacks {
         Callbacks(Mode::Rayon(pool))
     }

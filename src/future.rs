@@ -156,19 +156,25 @@ impl Drop for FinishOnDrop {
 ///
 /// ```
 /// use std::time::{Duration, Instant};
-/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     struct Unpark(std::thread::Thread);
-/// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
-/// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
-/// #     let mut cx = std::task::Context::from_waker(&waker);
-/// #     let mut f = std::pin::pin!(f);
-/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } std::thread::park(); }
-/// # }
 /// let timer = sharded_timer::ShardedTimer::new();
-/// let start = Instant::now();
-/// block_on(timer.sleep(Duration::from_millis(5)));
-/// assert!(start.elapsed() >= Duration::from_millis(5));
+/// // Any executor: here tokio's.
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+/// runtime.block_on(async {
+///     let start = Instant::now();
+///     timer.sleep(Duration::from_millis(5)).await;
+///     assert!(start.elapsed() >= Duration::from_millis(5));
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Which thread wakes the task
+///
+/// The thread that fires the timer: with [`Callbacks::pool`](crate::Callbacks::pool)
+/// (the default) a pool worker, with [`Callbacks::inline`](crate::Callbacks::inline)
+/// the shard thread itself, with a spawner the thread your spawner runs the
+/// [`Callback`](crate::Callback) on. A wake only schedules the task on its own
+/// executor, so for an async-only program `Callbacks::inline()` is the cheapest choice:
+/// a sleep's callback is one wake, with no hand-off to a pool.
 #[must_use = "a Sleep does nothing unless polled, and dropping it cancels its timer"]
 pub struct Sleep {
     /// The service, to (re-)arm the timer.

@@ -99,24 +99,19 @@ fn add_saturating(at: Instant, by: Duration) -> Instant {
 /// ```
 /// use std::time::Duration;
 /// use sharded_timer::{ManualClock, MissedTickBehavior, ShardedTimer};
-/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     struct Unpark(std::thread::Thread);
-/// #     impl std::task::Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
-/// #     let waker = std::sync::Arc::new(Unpark(std::thread::current())).into();
-/// #     let mut cx = std::task::Context::from_waker(&waker);
-/// #     let mut f = std::pin::pin!(f);
-/// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } std::thread::park(); }
-/// # }
 ///
 /// let clock = ManualClock::new();
 /// let timer = ShardedTimer::builder().clock(clock.clone()).build()?;
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
 /// let start = clock.now();
 /// let mut every_10ms = timer.interval(Duration::from_millis(10));
 /// every_10ms.set_missed_tick_behavior(MissedTickBehavior::Burst);
-/// assert_eq!(block_on(every_10ms.tick()), start); // the first tick completes at once
-/// clock.advance(Duration::from_millis(25));
-/// assert_eq!(block_on(every_10ms.tick()), start + Duration::from_millis(10));
-/// assert_eq!(block_on(every_10ms.tick()), start + Duration::from_millis(20));
+/// runtime.block_on(async {
+///     assert_eq!(every_10ms.tick().await, start); // the first tick completes at once
+///     clock.advance(Duration::from_millis(25));
+///     assert_eq!(every_10ms.tick().await, start + Duration::from_millis(10));
+///     assert_eq!(every_10ms.tick().await, start + Duration::from_millis(20));
+/// });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "an Interval does nothing unless its ticks are awaited"]

@@ -799,15 +799,18 @@ impl ShardedTimer {
     /// facade, to whatever recorder the application installed (Prometheus, StatsD…);
     /// call it periodically, e.g. once a second. Feature `metrics`.
     ///
-    /// - counters (absolute): `sharded_timer_scheduled`, `sharded_timer_fired`,
-    ///   `sharded_timer_cancelled`, `sharded_timer_panicked`, `sharded_timer_skipped`,
-    ///   `sharded_timer_ring_full_waits`;
+    /// - counters (absolute, named as Prometheus expects counters: `_total`):
+    ///   `sharded_timer_scheduled_total`, `sharded_timer_fired_total`,
+    ///   `sharded_timer_cancelled_total`, `sharded_timer_panicked_total`,
+    ///   `sharded_timer_skipped_total`, `sharded_timer_ring_full_waits_total`;
     /// - gauges: `sharded_timer_pending`, `sharded_timer_in_rings`, and
     ///   `sharded_timer_shard_pending` with label `shard` = its index;
     /// - histogram `sharded_timer_lateness_seconds`: the timers fired since the
     ///   previous call, each recorded at the upper bound of its
     ///   [`LatenessHistogram`] bucket.
     ///
+    /// Every series is described (`describe_counter!` and its kin) with its unit and a
+    /// help text, on every call, so that a recorder installed later still gets them.
     /// Services in one process are told apart by the recorder's global labels, or by
     /// calling this from a scope with a recorder of their own.
     ///
@@ -820,19 +823,66 @@ impl ShardedTimer {
     /// # Ok::<(), sharded_timer::BuildError>(())
     /// ```
     #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn record_metrics(&self) {
+        use metrics::Unit;
         let stats = self.stats();
         let counters = [
-            ("sharded_timer_scheduled", stats.scheduled),
-            ("sharded_timer_fired", stats.fired),
-            ("sharded_timer_cancelled", stats.cancelled),
-            ("sharded_timer_panicked", stats.panicked),
-            ("sharded_timer_skipped", stats.skipped),
-            ("sharded_timer_ring_full_waits", stats.ring_full_waits),
+            (
+                "sharded_timer_scheduled_total",
+                stats.scheduled,
+                "Timers the shards have taken in (a repeating timer once)",
+            ),
+            (
+                "sharded_timer_fired_total",
+                stats.fired,
+                "Timers fired, and runs of repeating timers",
+            ),
+            (
+                "sharded_timer_cancelled_total",
+                stats.cancelled,
+                "Timers cancelled and processed by their shard",
+            ),
+            (
+                "sharded_timer_panicked_total",
+                stats.panicked,
+                "Callbacks that panicked (caught and counted)",
+            ),
+            (
+                "sharded_timer_skipped_total",
+                stats.skipped,
+                "Runs of repeating timers skipped, a whole period behind",
+            ),
+            (
+                "sharded_timer_ring_full_waits_total",
+                stats.ring_full_waits,
+                "Pushes that found a shard's ring full and waited",
+            ),
         ];
-        for (name, value) in counters {
+        for (name, value, help) in counters {
+            metrics::describe_counter!(name, Unit::Count, help);
             metrics::counter!(name).absolute(value);
         }
+        metrics::describe_gauge!(
+            "sharded_timer_pending",
+            Unit::Count,
+            "Timers pending: neither fired, cancelled nor handed back"
+        );
+        metrics::describe_gauge!(
+            "sharded_timer_in_rings",
+            Unit::Count,
+            "Timers in the shards' insert rings, not yet taken in"
+        );
+        metrics::describe_gauge!(
+            "sharded_timer_shard_pending",
+            Unit::Count,
+            "Timers pending on one shard (label shard)"
+        );
+        metrics::describe_histogram!(
+            "sharded_timer_lateness_seconds",
+            Unit::Seconds,
+            "How long after its deadline each timer fired (the upper bound of its bucket)"
+        );
         metrics::gauge!("sharded_timer_pending").set(stats.pending as f64);
         metrics::gauge!("sharded_timer_in_rings").set(stats.in_rings as f64);
         for (index, shard) in stats.shards.iter().enumerate() {

@@ -21,6 +21,8 @@ use support::{small_timer, wait_until, WAIT};
 struct Readings {
     values: HashMap<String, f64>,
     samples: HashMap<String, Vec<f64>>,
+    /// Each described series: its kind, unit and help text.
+    described: HashMap<String, (&'static str, Option<Unit>, String)>,
 }
 
 /// One metric of the test recorder.
@@ -97,6 +99,13 @@ impl TestRecorder {
             readings: self.readings.clone(),
         })
     }
+    fn describe(&self, kind: &'static str, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.readings
+            .lock()
+            .unwrap()
+            .described
+            .insert(name.as_str().to_owned(), (kind, unit, help.to_string()));
+    }
     fn value(&self, name: &str) -> Option<f64> {
         self.readings.lock().unwrap().values.get(name).copied()
     }
@@ -112,9 +121,15 @@ impl TestRecorder {
 }
 
 impl Recorder for TestRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_counter(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe("counter", name, unit, help);
+    }
+    fn describe_gauge(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe("gauge", name, unit, help);
+    }
+    fn describe_histogram(&self, name: KeyName, unit: Option<Unit>, help: SharedString) {
+        self.describe("histogram", name, unit, help);
+    }
     fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
         Counter::from_arc(self.metric(key))
     }
@@ -141,11 +156,14 @@ fn record_metrics_exports_counters_gauges_and_each_fired_timer_once() {
         stats.fired == 100 && stats.scheduled == 150
     }));
     metrics::with_local_recorder(&recorder, || timer.record_metrics());
-    assert_eq!(recorder.value("sharded_timer_scheduled"), Some(150.0));
-    assert_eq!(recorder.value("sharded_timer_fired"), Some(100.0));
-    assert_eq!(recorder.value("sharded_timer_cancelled"), Some(0.0));
-    assert_eq!(recorder.value("sharded_timer_panicked"), Some(0.0));
-    assert_eq!(recorder.value("sharded_timer_ring_full_waits"), Some(0.0));
+    assert_eq!(recorder.value("sharded_timer_scheduled_total"), Some(150.0));
+    assert_eq!(recorder.value("sharded_timer_fired_total"), Some(100.0));
+    assert_eq!(recorder.value("sharded_timer_cancelled_total"), Some(0.0));
+    assert_eq!(recorder.value("sharded_timer_panicked_total"), Some(0.0));
+    assert_eq!(
+        recorder.value("sharded_timer_ring_full_waits_total"),
+        Some(0.0)
+    );
     assert_eq!(recorder.value("sharded_timer_pending"), Some(50.0));
     assert_eq!(recorder.value("sharded_timer_in_rings"), Some(0.0));
     let per_shard = recorder
@@ -162,13 +180,45 @@ fn record_metrics_exports_counters_gauges_and_each_fired_timer_once() {
         "{lateness:?}"
     );
 
+    // Every series is described, with its unit and a help text; counters end in
+    // `_total`, as Prometheus expects.
+    let described = recorder.readings.lock().unwrap().described.clone();
+    let series: Vec<String> = {
+        let readings = recorder.readings.lock().unwrap();
+        readings
+            .values
+            .keys()
+            .chain(readings.samples.keys())
+            .map(|name| name.split('{').next().unwrap().to_owned())
+            .collect()
+    };
+    for name in &series {
+        let (kind, unit, help) = described
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} is described"));
+        assert!(
+            unit.is_some() && !help.is_empty(),
+            "{name}: {unit:?} {help:?}"
+        );
+        assert_eq!(
+            *kind == "counter",
+            name.ends_with("_total"),
+            "{name} is a {kind}"
+        );
+    }
+    assert_eq!(described.len(), 10, "{described:?}");
+    assert_eq!(
+        described["sharded_timer_lateness_seconds"].1,
+        Some(Unit::Seconds)
+    );
+
     // A second export adds only the timers fired since.
     for _ in 0..10 {
         timer.schedule(Duration::ZERO, || {}).unwrap();
     }
     assert!(wait_until(WAIT, || timer.stats().fired == 110));
     metrics::with_local_recorder(&recorder, || timer.record_metrics());
-    assert_eq!(recorder.value("sharded_timer_fired"), Some(110.0));
+    assert_eq!(recorder.value("sharded_timer_fired_total"), Some(110.0));
     assert_eq!(
         recorder.samples("sharded_timer_lateness_seconds").len(),
         110
