@@ -97,14 +97,22 @@ pub(crate) struct Row {
     early: u64,
     /// Lowest..highest rate over the rounds, in millions.
     spread: String,
+    /// Process CPU time (every thread, `CLOCK_PROCESS_CPUTIME_ID`) per operation, ns.
+    cpu_ns_per_op: f64,
 }
 
 impl Row {
     /// A peer's row: its rate, and lateness percentiles and early fires from its slots.
-    fn new(kind: Kind, rate: f64, histogram: &Histogram<u64>, slots: &Slots) -> Row {
+    fn new(
+        kind: Kind,
+        (rate, cpu_ns_per_op): (f64, f64),
+        histogram: &Histogram<u64>,
+        slots: &Slots,
+    ) -> Row {
         Row {
             peer: kind.name(),
             rate,
+            cpu_ns_per_op,
             lateness: [
                 histogram.value_at_quantile(0.5),
                 histogram.value_at_quantile(0.99),
@@ -137,6 +145,7 @@ fn rpc(kind: Kind) -> Row {
     let background = fill(&peer, BACKGROUND, 2);
     let slots = Slots::leak(REQUESTS);
     let abandoned = AtomicU64::new(0);
+    let cpu = CpuMeter::start();
     let start = Instant::now();
     // Handles of requests left to time out, kept until they fired: dropping a tokio
     // future cancels it, so every peer keeps them alike.
@@ -173,13 +182,15 @@ fn rpc(kind: Kind) -> Row {
         expected,
         TIMEOUT + Duration::from_secs(20),
     );
+    // The requests' CPU, the timeouts that fired included.
+    let cpu_ns = cpu.ns_per(REQUESTS);
     let (histogram, _) = slots.histogram();
     drop(kept);
     drop(background);
     drop(peer);
     Row::new(
         kind,
-        REQUESTS as f64 / elapsed.as_secs_f64(),
+        (REQUESTS as f64 / elapsed.as_secs_f64(), cpu_ns),
         &histogram,
         slots,
     )
@@ -208,6 +219,7 @@ fn on_producers<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<
 fn burst(kind: Kind) -> Row {
     let peer = kind.start();
     let slots = Slots::leak(BURST);
+    let cpu = CpuMeter::start();
     let deadline = Instant::now() + Duration::from_millis(1_500);
     // Handles are kept until the timers fired (dropping a tokio future cancels it).
     let kept: Vec<Vec<Handle>> = on_producers(2, |producer| {
@@ -219,11 +231,18 @@ fn burst(kind: Kind) -> Row {
         kept
     });
     wait_for(|| fired_count(slots), BURST as u64, Duration::from_secs(60));
+    // Per timer: scheduling it and firing it (and the idle wait for the deadline).
+    let cpu_ns = cpu.ns_per(BURST);
     let (histogram, fired) = slots.histogram();
     drop(kept);
     drop(peer);
     let drain = Duration::from_micros(histogram.max().max(1));
-    Row::new(kind, fired as f64 / drain.as_secs_f64(), &histogram, slots)
+    Row::new(
+        kind,
+        (fired as f64 / drain.as_secs_f64(), cpu_ns),
+        &histogram,
+        slots,
+    )
 }
 
 /// Allocated bytes per pending timer, **the caller keeping its handle**: the peer's
@@ -251,13 +270,14 @@ fn bytes_per_pending(kind: Kind) -> f64 {
 
 /// Schedules `TIMERS` timers (delays spread over 1 s..60 s) from `threads` producer
 /// threads, each keeping its handles, and, with `cancel`, cancels each right after
-/// scheduling it. Returns timers (pairs) per second.
-pub(crate) fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> f64 {
+/// scheduling it. Returns timers (pairs) per second, and the process's CPU time per
+/// timer (pair) in ns over the same window (every thread: the peer's own included).
+pub(crate) fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> (f64, f64) {
     schedule_rate_on(&kind.start(), threads, cancel)
 }
 
 /// [`schedule_rate`] on a running peer, which it drops at the end.
-pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool) -> f64 {
+pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool) -> (f64, f64) {
     const TIMERS: usize = 1_000_000;
     let per = TIMERS / threads;
     let barrier = std::sync::Barrier::new(threads + 1);
@@ -284,15 +304,36 @@ pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool)
             })
             .collect();
         barrier.wait();
+        let cpu = CpuMeter::start();
         let start = Instant::now();
         barrier.wait();
         let elapsed = start.elapsed();
+        let cpu_ns = cpu.ns_per(per * threads);
         for producer in producers {
             drop(producer.join().expect("producer"));
         }
-        elapsed
+        (elapsed, cpu_ns)
     });
-    (per * threads) as f64 / elapsed.as_secs_f64()
+    let (elapsed, cpu_ns) = elapsed;
+    ((per * threads) as f64 / elapsed.as_secs_f64(), cpu_ns)
+}
+
+/// The process's CPU time (every thread) since `start`, per operation.
+struct CpuMeter(Option<f64>);
+
+impl CpuMeter {
+    fn start() -> CpuMeter {
+        CpuMeter(crate::report::cpu_seconds())
+    }
+
+    /// CPU ns per operation for `ops` operations since `start`; NaN where the
+    /// platform gives no process CPU time.
+    fn ns_per(&self, ops: usize) -> f64 {
+        match (self.0, crate::report::cpu_seconds()) {
+            (Some(start), Some(now)) => (now - start) * 1e9 / ops as f64,
+            _ => f64::NAN,
+        }
+    }
 }
 
 /// Runs `workload` for every peer `rounds` times, interleaved, and keeps for each
@@ -325,16 +366,26 @@ fn print(title: &str, unit: &str, rows: &[Row]) {
     let ours = rows[0].rate;
     println!("\n{title}");
     println!(
-        "{:<18} {:>12} {:>8} {:>13} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "peer", unit, "ratio", "rounds (M)", "p50 µs", "p99 µs", "p999 µs", "max µs", "early"
+        "{:<18} {:>12} {:>8} {:>13} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "peer",
+        unit,
+        "ratio",
+        "rounds (M)",
+        "CPU ns/op",
+        "p50 µs",
+        "p99 µs",
+        "p999 µs",
+        "max µs",
+        "early"
     );
     for row in rows {
         println!(
-            "{:<18} {:>10.2} M {:>7.2}x {:>13} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            "{:<18} {:>10.2} M {:>7.2}x {:>13} {:>10.0} {:>9} {:>9} {:>9} {:>9} {:>6}",
             row.peer,
             row.rate / 1e6,
             ours / row.rate,
             row.spread,
+            row.cpu_ns_per_op,
             row.lateness[0],
             row.lateness[1],
             row.lateness[2],
@@ -357,6 +408,8 @@ pub(crate) struct CompareReport {
     producers: Vec<usize>,
     /// Per peer: schedule M/s at each producer count, then schedule+cancel.
     schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+    /// Per peer: CPU ns per timer (pair) in the median round of each column above.
+    schedule_cpu_ns: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
     /// Per peer: allocated bytes per pending timer, handle kept, and handle bytes.
     memory: Vec<(&'static str, f64, usize)>,
 }
@@ -397,21 +450,24 @@ pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareRepo
             }
         }
     }
-    let schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)> = kinds
-        .iter()
-        .zip(samples)
-        .map(|(kind, mut columns)| {
-            let medians: Vec<f64> = columns
-                .iter_mut()
-                .map(|column| {
-                    column.sort_by(f64::total_cmp);
-                    column[column.len() / 2] / 1e6
-                })
-                .collect();
-            let (plain, cancel) = medians.split_at(producers.len());
-            (kind.name(), plain.to_vec(), cancel.to_vec())
-        })
-        .collect();
+    let mut schedule = Vec::new();
+    let mut schedule_cpu_ns = Vec::new();
+    for (kind, mut columns) in kinds.iter().zip(samples) {
+        // Each column's median round: its rate (M/s) and its CPU ns per timer.
+        let medians: Vec<(f64, f64)> = columns
+            .iter_mut()
+            .map(|column| {
+                column.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let (rate, cpu_ns) = column[column.len() / 2];
+                (rate / 1e6, cpu_ns)
+            })
+            .collect();
+        let (rates, cpu): (Vec<f64>, Vec<f64>) = medians.into_iter().unzip();
+        let (plain, cancel) = rates.split_at(producers.len());
+        schedule.push((kind.name(), plain.to_vec(), cancel.to_vec()));
+        let (plain, cancel) = cpu.split_at(producers.len());
+        schedule_cpu_ns.push((kind.name(), plain.to_vec(), cancel.to_vec()));
+    }
     let memory: Vec<(&'static str, f64, usize)> = kinds
         .iter()
         .map(|&kind| (kind.name(), bytes_per_pending(kind), kind.handle_size()))
@@ -422,6 +478,7 @@ pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareRepo
         burst: burst_rows,
         producers,
         schedule,
+        schedule_cpu_ns,
         memory,
     };
     if !quiet {
@@ -434,10 +491,12 @@ pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareRepo
 fn print_rest(report: &CompareReport) {
     let ours = &report.schedule[0];
     println!(
-        "\nschedule and schedule+cancel, 1 M timers, M/s at {:?} producers (median of {} interleaved rounds); ratio = sharded-timer / peer",
+        "\nschedule and schedule+cancel, 1 M timers, M/s at {:?} producers (median of {} interleaved rounds); ratio = sharded-timer / peer; CPU ns/op = process CPU time (every thread) per timer (pair) in that median round",
         report.producers, report.rounds
     );
-    for (name, plain, cancel) in &report.schedule {
+    for ((name, plain, cancel), (_, plain_cpu, cancel_cpu)) in
+        report.schedule.iter().zip(&report.schedule_cpu_ns)
+    {
         let cells = |mine: &[f64], theirs: &[f64]| -> String {
             mine.iter()
                 .zip(theirs)
@@ -445,10 +504,18 @@ fn print_rest(report: &CompareReport) {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
+        let cpu = |ns: &[f64]| -> String {
+            ns.iter()
+                .map(|ns| format!("{ns:>5.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         println!(
-            "{name:<18} s: {}   s+c: {}",
+            "{name:<18} schedule: {}   schedule+cancel: {}   CPU ns/op: {} | {}",
             cells(plain, &ours.1),
-            cells(cancel, &ours.2)
+            cells(cancel, &ours.2),
+            cpu(plain_cpu),
+            cpu(cancel_cpu)
         );
     }
     println!("\nbytes per pending timer (1 M pending, the caller keeping its handle, excluding the 16-byte closure)");

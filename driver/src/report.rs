@@ -164,16 +164,13 @@ impl Meter {
     }
 }
 
-/// User + system CPU seconds of this process, from /proc/self/stat.
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // Fields 14 and 15 of the full line (utime, stime) are 11 and 12 after the name.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    // Clock ticks: 100 per second on every Linux configuration in practice.
-    Some((utime + stime) / 100.0)
+/// User + system CPU seconds of this process so far, every thread
+/// (`CLOCK_PROCESS_CPUTIME_ID`, through the `cpu-time` crate: nanosecond resolution,
+/// where `/proc/self/stat` counts in clock ticks).
+pub(crate) fn cpu_seconds() -> Option<f64> {
+    cpu_time::ProcessTime::try_now()
+        .ok()
+        .map(|time| time.as_duration().as_secs_f64())
 }
 
 /// VmHWM from /proc/self/status, in bytes.

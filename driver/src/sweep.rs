@@ -79,10 +79,10 @@ pub(crate) fn run(producers: &[usize], rounds: usize, quiet: bool) -> Vec<SweepR
                     .executor_threads(n.min(cores))
                     .build()
                     .expect("sharded-timer starts");
-                schedule_rate_on(&Peer::Sharded(timer), n, cancel)
+                schedule_rate_on(&Peer::Sharded(timer), n, cancel).0
             });
             netty_style[column] = median(rounds, || {
-                schedule_rate_on(&Kind::NettyStyle.start(), n, cancel)
+                schedule_rate_on(&Kind::NettyStyle.start(), n, cancel).0
             });
         }
         if !quiet {
