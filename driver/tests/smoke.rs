@@ -103,3 +103,31 @@ fn bad_arguments_exit_2_with_a_message() {
         );
     }
 }
+
+/// The table judges guarantee 2 for every workload, with a verdict each: on time, late,
+/// too loaded to judge, or (the burst) not judged.
+#[test]
+fn the_report_judges_lateness_for_every_workload() {
+    let out = driver().args(["rpc", "burst", "steady"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("lateness p99 µs"), "{stdout}");
+    assert!(stdout.contains("on time (guarantee 2"), "{stdout}");
+    let verdicts: Vec<&str> = stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("on time (guarantee 2"))
+        .skip(1)
+        .take(3)
+        .collect();
+    assert_eq!(verdicts.len(), 3, "{stdout}");
+    for (line, workload) in verdicts.iter().zip(["rpc", "burst", "steady"]) {
+        assert!(line.trim_start().starts_with(workload), "{line}");
+        assert!(
+            ["on time (", "LATE: ", "not judged"]
+                .iter()
+                .any(|verdict| line.contains(verdict)),
+            "{line}"
+        );
+    }
+    assert!(verdicts[1].contains("not judged (a burst"), "{}", verdicts[1]);
+}
