@@ -129,5 +129,9 @@ fn the_report_judges_lateness_for_every_workload() {
             "{line}"
         );
     }
-    assert!(verdicts[1].contains("not judged (a burst"), "{}", verdicts[1]);
+    assert!(
+        verdicts[1].contains("not judged (a burst"),
+        "{}",
+        verdicts[1]
+    );
 }
