@@ -393,6 +393,38 @@ fn print(title: &str, unit: &str, rows: &[Row]) {
             row.early
         );
     }
+    println!(
+        "{}",
+        verdict(title.split(':').next().unwrap_or(title), rows)
+    );
+}
+
+/// One line that says how sharded-timer (the first row) stood against each peer in a
+/// workload: its rate and its CPU per operation as multiples of the peer's (rate > 1
+/// and CPU < 1 are better), and a word for each: ahead, behind, or mixed.
+fn verdict(workload: &str, rows: &[Row]) -> String {
+    let ours = &rows[0];
+    let against: Vec<String> = rows[1..]
+        .iter()
+        .map(|peer| {
+            let rate = ours.rate / peer.rate;
+            let cpu = ours.cpu_ns_per_op / peer.cpu_ns_per_op;
+            let standing = match (rate >= 1.0, cpu <= 1.0) {
+                (true, true) => "ahead of",
+                (false, false) => "behind",
+                _ => "mixed against",
+            };
+            format!(
+                "{standing} {} ({rate:.2}x the rate, {cpu:.2}x the CPU per op)",
+                peer.peer
+            )
+        })
+        .collect();
+    format!(
+        "verdict, {workload}: {} is {}",
+        ours.peer,
+        against.join("; ")
+    )
 }
 
 /// Everything `--compare` measured.
@@ -516,6 +548,48 @@ fn print_rest(report: &CompareReport) {
             cells(cancel, &ours.2),
             cpu(plain_cpu),
             cpu(cancel_cpu)
+        );
+    }
+    // One verdict line for each of the two workloads: rate and CPU as multiples of
+    // each peer's, at each producer count.
+    let ours_cpu = &report.schedule_cpu_ns[0];
+    for (workload, column) in [("schedule", 1), ("schedule+cancel", 2)] {
+        let mine = |(name, plain, cancel): &(&'static str, Vec<f64>, Vec<f64>)| {
+            (
+                *name,
+                if column == 1 {
+                    plain.clone()
+                } else {
+                    cancel.clone()
+                },
+            )
+        };
+        let (_, our_rates) = mine(ours);
+        let (_, our_cpu) = mine(ours_cpu);
+        let against: Vec<String> = report.schedule[1..]
+            .iter()
+            .zip(&report.schedule_cpu_ns[1..])
+            .map(|(rates, cpu)| {
+                let (name, rates) = mine(rates);
+                let (_, cpu) = mine(cpu);
+                let ratios = |ours: &[f64], theirs: &[f64]| -> String {
+                    ours.iter()
+                        .zip(theirs)
+                        .map(|(o, t)| format!("{:.2}", o / t))
+                        .collect::<Vec<_>>()
+                        .join("/")
+                };
+                format!(
+                    "vs {name}: {}x the rate, {}x the CPU per op",
+                    ratios(&our_rates, &rates),
+                    ratios(&our_cpu, &cpu)
+                )
+            })
+            .collect();
+        println!(
+            "verdict, {workload} at {:?} producers: sharded-timer {}",
+            report.producers,
+            against.join("; ")
         );
     }
     println!("\nbytes per pending timer (1 M pending, the caller keeping its handle, excluding the 16-byte closure)");
