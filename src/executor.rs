@@ -41,6 +41,23 @@ use crate::sync::{
     Injector, Mutex, Ordering, Steal, Stealer, Worker,
 };
 
+/// Bytes of a thread name that Linux keeps (`TASK_COMM_LEN`, 16, less the NUL).
+const THREAD_NAME_BYTES: usize = 15;
+
+/// The name of thread `index` of a service's `role` (`s` for shards, `w` for executor
+/// workers): `{prefix}-{role}{index}`, the prefix cut at a character boundary so that
+/// the whole name fits in [`THREAD_NAME_BYTES`].
+pub(crate) fn thread_name(prefix: &str, role: char, index: usize) -> String {
+    let suffix = format!("-{role}{index}");
+    let mut end = prefix
+        .len()
+        .min(THREAD_NAME_BYTES.saturating_sub(suffix.len()));
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &prefix[..end])
+}
+
 /// A started pool: its submit side and its worker threads.
 type Started<T> = (Executor<T>, Vec<thread::JoinHandle<()>>);
 
@@ -175,7 +192,7 @@ impl<T: Task> Executor<T> {
         let mut handles = Vec::with_capacity(threads);
         for (index, local) in workers.into_iter().enumerate() {
             let shared = executor.shared.clone();
-            let thread_name = crate::timer::thread_name(name, 'w', index);
+            let thread_name = thread_name(name, 'w', index);
             match thread::Builder::new()
                 .name(thread_name.clone())
                 .spawn(move || worker_loop(&shared, index, &local))

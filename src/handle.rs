@@ -288,3 +288,13 @@ impl fmt::Debug for Unfired {
             .finish()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    #[test]
+    fn a_handle_is_24_bytes() {
+        // The entry, the port, the options: no tick length, since the entry keeps its
+        // deadline in nanoseconds.
+        assert_eq!(core::mem::size_of::<super::TimerHandle>(), 24);
+    }
+}

@@ -138,7 +138,6 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-mod callbacks;
 #[cfg_attr(
     not(loom),
     allow(
@@ -147,6 +146,14 @@ mod callbacks;
     )
 )]
 mod clock;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
+mod dispatch;
 #[cfg_attr(
     not(loom),
     allow(
@@ -206,8 +213,8 @@ pub mod time;
 mod timer;
 pub mod wheel;
 
-pub use callbacks::{Callback, Callbacks};
 pub use clock::ManualClock;
+pub use dispatch::{Callback, Callbacks};
 pub use error::{BuildError, ScheduleError};
 pub use future::{Elapsed, Sleep, Timeout};
 pub use interval::{Interval, MissedTickBehavior};
@@ -219,6 +226,7 @@ pub use interval::{Interval, MissedTickBehavior};
 #[doc(hidden)]
 pub mod __loom {
     pub use crate::clock::{Nanos, Tick};
+    pub use crate::dispatch::{RunHome, RunSink, RunTask};
     pub use crate::entry::{
         Cancel, CancelPort, CancelSink, CancelledCallback, Due, EntryRef, File, FiredEntry,
         Message, RunningEntry, Snapshot,
@@ -228,8 +236,7 @@ pub mod __loom {
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{
-        park_for_model, run_as_shard_thread, Cursors, Expired, RunTask, ShardCore, ShardShared,
-        AWAKE,
+        park_for_model, run_as_shard_thread, Cursors, Expired, ShardCore, ShardShared, AWAKE,
     };
 
     /// A fresh timer id (the models need one per entry).

@@ -45,9 +45,9 @@
 mod core;
 mod shard_loop;
 
-use crate::clock::{BatchMark, Clock, Nanos, Tick, TimeSource};
-use crate::entry::{CancelPort, CancelSink, EntryRef, FiredEntry, Message, RunningEntry};
-use crate::executor::Task;
+use crate::clock::{Tick, TimeSource};
+use crate::dispatch::RunSink;
+use crate::entry::{CancelPort, CancelSink, EntryRef, Message};
 use crate::limit::PendingLimit;
 use crate::ring::{Cursor, Reserve, Ring};
 use crate::stats::{LatenessHistogram, LatenessRecorder};
@@ -58,9 +58,7 @@ use crate::sync::{
 
 #[cfg(loom)]
 pub use self::core::{Expired, ShardCore};
-pub(crate) use self::shard_loop::{
-    dispatch_rest_here, is_own_thread, take_own_core, Dispatch, ShardThread,
-};
+pub(crate) use self::shard_loop::{dispatch_rest_here, is_own_thread, take_own_core, ShardThread};
 #[cfg(loom)]
 pub use self::shard_loop::{park_for_model, run_as_shard_thread};
 
@@ -70,128 +68,6 @@ pub use self::shard_loop::{park_for_model, run_as_shard_thread};
 pub const AWAKE: Tick = Tick::new(0);
 /// Fired tasks handed to the executor per batch.
 const FIRE_BATCH: usize = 256;
-
-/// What a shard hands the executor.
-#[derive(Debug)]
-pub(crate) enum ShardTask {
-    /// A one-shot timer that fired.
-    Fired(FiredEntry),
-    /// One run of a repeating timer.
-    Run(RunTask),
-    /// One end of a pool batch under a manual clock (`src/clock/manual.rs`).
-    Mark(BatchMark),
-}
-
-impl Task for ShardTask {
-    fn run(self) {
-        match self {
-            ShardTask::Fired(task) => task.run(),
-            ShardTask::Run(task) => task.run(),
-            ShardTask::Mark(mark) => mark.run(),
-        }
-    }
-
-    fn after_its_batch(&self) -> bool {
-        matches!(self, ShardTask::Mark(BatchMark::End(_)))
-    }
-}
-
-impl ShardTask {
-    /// The timer's id and its (or this run's) deadline in nanoseconds from tick 0;
-    /// `None` for a mark.
-    pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, Nanos)> {
-        match self {
-            ShardTask::Fired(task) => Some((task.id(), task.deadline())),
-            ShardTask::Run(task) => Some((task.running.id(), task.running.deadline())),
-            ShardTask::Mark(_) => None,
-        }
-    }
-
-    /// Gives the task up unrun (a spawner dropped its `Callback`): a one-shot timer's
-    /// callback is dropped; a repeating timer is cancelled, so that no later run is
-    /// handed over again.
-    pub(crate) fn cancel_unrun(self) {
-        match self {
-            ShardTask::Fired(task) => drop(task),
-            ShardTask::Run(task) => task.cancel(),
-            ShardTask::Mark(mark) => drop(mark),
-        }
-    }
-}
-
-/// One run of a repeating timer, on an executor thread: run the callback, schedule the
-/// next run at the fixed rate (skipping runs whose slots passed), end the run, and
-/// hand the entry back to its shard. A panic is re-raised after that, so the executor
-/// counts it and the timer keeps going.
-#[derive(Debug)]
-pub struct RunTask {
-    /// The entry, holding `RUNNING`.
-    running: RunningEntry,
-    /// Its shard, to file the next run.
-    shard: Arc<ShardShared>,
-    /// Ticks ↔ instants.
-    clock: Clock,
-}
-
-impl RunTask {
-    /// A run for the loom models: on `shard`, with a clock of 1-ns ticks from now
-    /// (the models' cores use 1-ns ticks too).
-    #[cfg(loom)]
-    pub fn for_model(running: RunningEntry, shard: Arc<ShardShared>) -> RunTask {
-        RunTask {
-            running,
-            shard,
-            clock: Clock::at(std::time::Instant::now(), 1),
-        }
-    }
-
-    /// Runs the callback once and ends the run (see the type's docs); the executor's
-    /// and the inline dispatch's way in.
-    pub fn run(mut self) {
-        let outcome =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.running.call()));
-        self.end(outcome.err());
-    }
-
-    /// Ends the run: schedules the next at the fixed rate, counting the runs skipped,
-    /// and hands the entry back to its shard (or, if it was cancelled meanwhile, counts
-    /// the cancel); then re-raises the callback's panic, if any, for the executor to
-    /// count.
-    fn end(self, panic: Option<Box<dyn std::any::Any + Send>>) {
-        let RunTask {
-            mut running,
-            shard,
-            clock,
-        } = self;
-        let (next, skipped) = running.schedule_next(shard.time.now(), |at| clock.instant_to_ns(at));
-        if skipped > 0 {
-            // ORDERING: Relaxed: a statistic.
-            shard.skipped.fetch_add(skipped, Ordering::Relaxed);
-        }
-        match running.finish() {
-            Some(entry) => shard.refile_run(entry, clock.due_tick(next)),
-            None => shard.count_run_cancelled(),
-        }
-        if let Some(panic) = panic {
-            std::panic::resume_unwind(panic);
-        }
-    }
-
-    /// The run is given up unrun: cancels the timer (unless a handle's cancel won
-    /// first), frees its room, counts the cancel, and only then drops the callback.
-    fn cancel(self) {
-        let RunTask { running, shard, .. } = self;
-        if running.try_cancel() {
-            if let Some(limit) = &shard.limit {
-                limit.release();
-            }
-        }
-        shard.count_run_cancelled();
-        if let Some(entry) = running.finish() {
-            unreachable!("run invariant: a cancelled run hands no entry back ({entry:?})");
-        }
-    }
-}
 
 /// The counters one shard keeps; written only by the shard thread (Relaxed), summed
 /// on read, exact at quiescence.
@@ -610,6 +486,33 @@ impl ShardShared {
     fn send_message(&self, message: Message, wake: Wake) {
         if self.push_and_wake(&self.messages, message, wake).is_err() {
             unreachable!("message ring invariant: the message ring is never closed");
+        }
+    }
+}
+
+/// How a repeating timer's run reaches its shard (`dispatch::RunTask`). On the
+/// shard's `Arc`, so that a run keeps the shard alive until it has ended.
+impl RunSink for Arc<ShardShared> {
+    fn now(&self) -> std::time::Instant {
+        self.time.now()
+    }
+
+    fn count_skipped(&self, runs: u64) {
+        // ORDERING: Relaxed: a statistic.
+        self.skipped.fetch_add(runs, Ordering::Relaxed);
+    }
+
+    fn refile_run(&self, entry: EntryRef, next: Tick) {
+        ShardShared::refile_run(self, entry, next);
+    }
+
+    fn count_run_cancelled(&self) {
+        ShardShared::count_run_cancelled(self);
+    }
+
+    fn release_room(&self) {
+        if let Some(limit) = &self.limit {
+            limit.release();
         }
     }
 }

@@ -6,36 +6,17 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::callbacks::{Callbacks, Mode};
 use crate::clock::{Clock, ManualClock, ManualTime, Nanos, TimeSource};
+use crate::dispatch::{Callbacks, Dispatch, Mode, ShardTask};
 use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
-use crate::executor::Executor;
+use crate::executor::{thread_name, Executor};
 use crate::handle::{HandleOptions, TimerHandle, Unfired};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
-use crate::shard::{
-    dispatch_rest_here, is_own_thread, take_own_core, Dispatch, ShardShared, ShardTask, ShardThread,
-};
+use crate::shard::{dispatch_rest_here, is_own_thread, take_own_core, ShardShared, ShardThread};
 use crate::stats::{LatenessHistogram, ShardLoad, Stats};
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
-
-/// Bytes of a thread name that Linux keeps (`TASK_COMM_LEN`, 16, less the NUL).
-const THREAD_NAME_BYTES: usize = 15;
-
-/// The name of thread `index` of a service's `role` (`s` for shards, `w` for executor
-/// workers): `{prefix}-{role}{index}`, the prefix cut at a character boundary so that
-/// the whole name fits in [`THREAD_NAME_BYTES`].
-pub(crate) fn thread_name(prefix: &str, role: char, index: usize) -> String {
-    let suffix = format!("-{role}{index}");
-    let mut end = prefix
-        .len()
-        .min(THREAD_NAME_BYTES.saturating_sub(suffix.len()));
-    while !prefix.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{suffix}", &prefix[..end])
-}
 
 /// Default slots per ring.
 const DEFAULT_RING_CAPACITY: usize = 4096;
@@ -227,13 +208,7 @@ impl Builder {
             Executor::<ShardTask>::start(workers, &self.thread_name)
                 .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
         let callback_panics = Arc::new(AtomicU64::new(0));
-        let dispatch = match mode {
-            Mode::Pool(_) => Dispatch::Pool(executor.clone()),
-            Mode::Inline => Dispatch::Inline(callback_panics.clone()),
-            Mode::Spawn(spawner) => Dispatch::Spawn(spawner, callback_panics.clone()),
-            #[cfg(feature = "rayon")]
-            Mode::Rayon(pool) => Dispatch::Rayon(pool, callback_panics.clone()),
-        };
+        let dispatch = Dispatch::new(mode, &executor, &callback_panics);
         let cores = if self.pin_cores && !cfg!(loom) {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {

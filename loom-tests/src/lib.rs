@@ -73,7 +73,7 @@ where
 /// thread runs) in the models.
 #[cfg(loom)]
 pub mod shard {
-    use sharded_timer::__loom::{Expired, RunTask, ShardCore, ShardShared, Tick};
+    use sharded_timer::__loom::{Expired, RunHome, RunTask, ShardCore, ShardShared, Tick};
 
     /// A shard with rings of `capacity` slots and its core, wheel at tick 0, no limit.
     pub fn new(capacity: usize) -> (loom::sync::Arc<ShardShared>, ShardCore) {
@@ -88,12 +88,12 @@ pub mod shard {
     /// many fired.
     pub fn turn(core: &mut ShardCore, now: u64) -> usize {
         let mut ran = 0;
-        let shared = core.shared().clone();
+        let home: RunHome = std::sync::Arc::new(core.shared().clone());
         core.turn(|| Tick::new(now), &mut |expired| {
             ran += 1;
             match expired {
                 Expired::Fired(task) => task.run(),
-                Expired::Run(running) => RunTask::for_model(running, shared.clone()).run(),
+                Expired::Run(running) => RunTask::for_model(running, home.clone()).run(),
             }
         });
         ran

@@ -40,7 +40,7 @@ use loom::sync::Arc;
 use loom::thread;
 use loom_tests::{model, trace};
 use sharded_timer::__loom::{
-    next_id, EntryRef, Expired, Nanos, RunTask, RunningEntry, ShardCore, ShardShared, Tick,
+    next_id, EntryRef, Expired, Nanos, RunHome, RunTask, RunningEntry, ShardCore, ShardShared, Tick,
 };
 use sharded_timer::TimerState;
 
@@ -89,10 +89,11 @@ fn start_runs(core: &mut ShardCore) -> Vec<RunningEntry> {
 /// next run, end the run, and file the next one with `refile_run`, or hand it to the
 /// late list), as an executor worker runs it.
 fn spawn_runner(shared: &Arc<ShardShared>, runs: Vec<RunningEntry>) -> thread::JoinHandle<()> {
-    let shared = shared.clone();
+    // The shard as its runs reach it (one per shard, as the shard loop makes it).
+    let home: RunHome = std::sync::Arc::new(shared.clone());
     thread::spawn(move || {
         for running in runs {
-            RunTask::for_model(running, shared.clone()).run();
+            RunTask::for_model(running, home.clone()).run();
             trace("ran; filed again, handed back, or ended cancelled");
         }
     })

@@ -24,122 +24,12 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::core::{Expired, ShardCore};
-use super::{Cursors, RunTask, ShardShared, ShardTask, FIRE_BATCH};
-use crate::callbacks::Callback;
+use super::{Cursors, ShardShared, FIRE_BATCH};
 use crate::clock::{Clock, Nanos, Tick, TurnSlot};
+use crate::dispatch::{Dispatch, RunHome, RunTask, ShardTask};
 use crate::entry::EntryRef;
-use crate::executor::{run_caught, Executor, Task};
 use crate::limit::PendingLimit;
-use crate::sync::{spin_loop, thread, Arc, AtomicU64, Ordering};
-
-/// A user's spawner.
-/// `std`'s `Arc`, also under loom (whose `Arc` cannot hold a `dyn Fn`); it is only
-/// cloned and dropped, never part of a protocol.
-type Spawner = std::sync::Arc<dyn Fn(Callback) + Send + Sync>;
-
-/// Where a shard sends what fired.
-#[derive(Clone)]
-pub(crate) enum Dispatch {
-    /// Batches to the built-in pool.
-    Pool(Executor<ShardTask>),
-    /// Run here, in order; panics counted in the service's counter.
-    Inline(Arc<AtomicU64>),
-    /// Handed to the spawner here, in order, as `Callback`s counting their panics in
-    /// the service's counter.
-    Spawn(Spawner, Arc<AtomicU64>),
-    /// Batches spawned as rayon jobs; panics counted in the service's counter.
-    #[cfg(feature = "rayon")]
-    Rayon(std::sync::Arc<rayon::ThreadPool>, Arc<AtomicU64>),
-}
-
-impl core::fmt::Debug for Dispatch {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            Dispatch::Pool(_) => "Pool",
-            Dispatch::Inline(_) => "Inline",
-            Dispatch::Spawn(..) => "Spawn",
-            #[cfg(feature = "rayon")]
-            Dispatch::Rayon(..) => "Rayon",
-        })
-    }
-}
-
-impl Dispatch {
-    /// Whether fired tasks leave in batches (the pool, rayon) rather than one at a
-    /// time on this thread (inline, a spawner).
-    fn batches(&self) -> bool {
-        match self {
-            Dispatch::Pool(_) => true,
-            #[cfg(feature = "rayon")]
-            Dispatch::Rayon(..) => true,
-            Dispatch::Inline(_) | Dispatch::Spawn(..) => false,
-        }
-    }
-
-    /// Hands over a batch of fired tasks (the pool, rayon).
-    fn submit(&self, batch: Vec<ShardTask>, clock: Clock) {
-        match self {
-            Dispatch::Pool(executor) => executor.submit(batch),
-            #[cfg(feature = "rayon")]
-            Dispatch::Rayon(pool, panicked) => {
-                let panicked = panicked.clone();
-                pool.spawn(move || {
-                    for task in batch {
-                        if run_caught(task) {
-                            // ORDERING: Relaxed: a statistic.
-                            panicked.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                });
-            }
-            Dispatch::Inline(_) | Dispatch::Spawn(..) => {
-                for task in batch {
-                    self.one(task, clock);
-                }
-            }
-        }
-    }
-
-    /// Runs or hands over one fired task on this (the shard's) thread. A panic, of
-    /// the callback or of the spawner, is caught and counted.
-    fn one(&self, task: ShardTask, clock: Clock) {
-        match self {
-            Dispatch::Pool(_) => self.submit(vec![task], clock),
-            #[cfg(feature = "rayon")]
-            Dispatch::Rayon(..) => self.submit(vec![task], clock),
-            Dispatch::Inline(panicked) => {
-                if run_caught(task) {
-                    // ORDERING: Relaxed: a statistic.
-                    panicked.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Dispatch::Spawn(spawner, panicked) => {
-                let Some((id, deadline)) = task.timer() else {
-                    task.run(); // a batch mark: never handed to a spawner
-                    return;
-                };
-                // The deadline asked for, as the handle reports it (guarantee 11).
-                let callback =
-                    Callback::new(id, clock.ns_to_instant(deadline), task, panicked.clone());
-                if run_caught(SpawnCall(spawner.clone(), callback)) {
-                    // ORDERING: Relaxed: a statistic.
-                    panicked.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
-    }
-}
-
-/// One call of a spawner, as a task so that `run_caught` catches its panic (and its
-/// payload's).
-struct SpawnCall(Spawner, Callback);
-
-impl Task for SpawnCall {
-    fn run(self) {
-        let SpawnCall(spawner, callback) = self;
-        spawner(callback);
-    }
-}
+use crate::sync::{spin_loop, thread, Arc};
 
 /// What the shard thread keeps where code on its own thread can reach it.
 struct Own {
@@ -291,6 +181,7 @@ impl ShardThread {
             turns.start_on_this_thread();
         }
         let shared = core.shared().clone();
+        let home: RunHome = std::sync::Arc::new(shared.clone());
         // Under a manual clock, a pool batch is wrapped in the marks that let
         // `advance` wait for it to run.
         let hand_over = |batch: Vec<ShardTask>| {
@@ -339,11 +230,9 @@ impl ShardThread {
                     lateness.record(now_ns.get().since(due_ns));
                     let task = match expired {
                         Expired::Fired(task) => ShardTask::Fired(task),
-                        Expired::Run(running) => ShardTask::Run(RunTask {
-                            running,
-                            shard: shared.clone(),
-                            clock,
-                        }),
+                        Expired::Run(running) => {
+                            ShardTask::Run(RunTask::new(running, home.clone(), clock))
+                        }
                     };
                     if batches {
                         batch.push(task);
@@ -414,7 +303,7 @@ pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
     OWN.with(|own| {
         *own.borrow_mut() = Some(Own {
             core: Some(core),
-            dispatch: Dispatch::Inline(Arc::new(AtomicU64::new(0))),
+            dispatch: Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0))),
             clock,
             fired: VecDeque::new(),
         });
