@@ -223,7 +223,7 @@ impl ShardThread {
                     now_ns.set(clock.instant_to_ns(now_instant));
                     clock.tick_of(now_instant)
                 };
-                core.turn(now, &mut |expired| {
+                let finished = core.turn(now, &mut |expired| {
                     fired_any = true;
                     let due_tick = clock.due_tick(expired.deadline());
                     let due_ns = clock.ticks().due_by(due_tick);
@@ -246,12 +246,12 @@ impl ShardThread {
                         fired.push_back(task);
                     }
                 });
-                Some(())
+                Some(finished)
             })
             .flatten();
-            if turned.is_none() {
+            let Some(finished) = turned else {
                 break Vec::new(); // a callback on this thread took the core
-            }
+            };
             if batches {
                 if !batch.is_empty() {
                     hand_over(::core::mem::replace(
@@ -273,6 +273,11 @@ impl ShardThread {
                 break take_own_core()
                     .map(|mut core| core.shut_down())
                     .unwrap_or_default();
+            }
+            if !finished {
+                // The turn's budget ran out with more due: no park, the next turn
+                // drains the rings and goes on with the burst.
+                continue;
             }
             let parked = with_own(|own| {
                 own.core

@@ -12,7 +12,19 @@
 //! the engine hands it back: through `expired` in [`Wheel::advance`], or through
 //! [`Wheel::drain`]; or until the caller takes it out with [`Wheel::remove`]. A
 //! reference is held in at most one list at a time, and its store's [`Place`] always
-//! names that list and its index there.
+//! names that list and its index there — with one exception, the *draining batch*:
+//!
+//! **Bounded advance** ([`Wheel::advance_bounded`]). A slot (or the overdue list) with
+//! more due entries than the budget left is taken out of the wheel whole, as the
+//! draining batch, with a cursor: the entries before the cursor have been handed out,
+//! those after it wait, and keep the places they had in the list they came from (no
+//! entry is touched when a batch starts draining, so a turn stays bounded however big
+//! the slot). `remove` tells a draining entry from one filed since in the same list by
+//! comparing references: an entry is in exactly one list, so at most one of the two
+//! vectors holds it at that position. At most one batch drains at a time; each bounded
+//! advance gives it at least half its budget, so it never starves, and gives the rest
+//! first to what came due since (a timer due one tick after a burst is not late by the
+//! whole burst).
 
 #![forbid(unsafe_code)]
 
@@ -57,6 +69,32 @@ pub(crate) struct Wheel<R> {
     levels: Box<[Level<R>; NUM_LEVELS]>,
     /// Entries filed with a deadline `<=` `now`; the next `advance` yields them first.
     overdue: Vec<R>,
+    /// The draining batch, if any (ground rules).
+    draining: Option<Draining<R>>,
+}
+
+/// A slot's (or the overdue list's) entries that a bounded advance took out of the
+/// wheel and has not finished handing out (ground rules).
+struct Draining<R> {
+    /// The list they came from; their places still name it.
+    from: u16,
+    /// The tick the slot was taken at: an entry whose deadline is later (a cascading
+    /// entry, or one reset later) is filed again rather than handed out.
+    tick: u64,
+    /// The entries; `entries[next..]` still wait.
+    entries: Vec<R>,
+    /// The first entry not yet handed out.
+    next: usize,
+}
+
+impl<R: Copy + PartialEq> Draining<R> {
+    /// Whether `entry`, whose place is `place`, waits in this batch.
+    fn holds(&self, place: Place, entry: R) -> bool {
+        let position = place.position as usize;
+        place.list == self.from
+            && position >= self.next
+            && self.entries.get(position) == Some(&entry)
+    }
 }
 
 impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
@@ -66,6 +104,7 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
             now,
             levels: Box::new([const { Level::new() }; NUM_LEVELS]),
             overdue: Vec::new(),
+            draining: None,
         }
     }
 
@@ -83,6 +122,22 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
     /// Takes a held `entry` out of its list in O(1).
     pub(crate) fn remove<S: Store<Ref = R>>(&mut self, store: &mut S, entry: R) {
         let place = store.place(entry);
+        if let Some(batch) = self
+            .draining
+            .as_mut()
+            .filter(|batch| batch.holds(place, entry))
+        {
+            // The last waiting entry takes its position (the order within a batch, all
+            // due by one tick, is not promised), keeping the list it names.
+            batch.entries.swap_remove(place.position as usize);
+            if let Some(&moved) = batch.entries.get(place.position as usize) {
+                store.set_place(moved, place);
+            }
+            if batch.next == batch.entries.len() {
+                self.draining = None;
+            }
+            return;
+        }
         let (list, occupied_bit) = self.list_mut(place.list);
         let removed = list.swap_remove(place.position as usize);
         debug_assert_eq!(
@@ -101,7 +156,7 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
     /// The tick at which `advance` next has work to do: `now` if anything is overdue,
     /// else the first tick of the earliest occupied slot; `None` when empty.
     pub(crate) fn next_expiry(&self) -> Option<u64> {
-        if !self.overdue.is_empty() {
+        if !self.overdue.is_empty() || self.draining.is_some() {
             return Some(self.now);
         }
         self.next_occupied().map(|(_, _, start)| start)
@@ -116,15 +171,49 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         now: u64,
         expired: &mut impl FnMut(&mut S, R),
     ) {
-        if !self.overdue.is_empty() {
-            let mut overdue = core::mem::take(&mut self.overdue);
-            for &entry in &overdue {
-                expired(store, entry);
-            }
-            overdue.clear();
-            self.overdue = overdue;
+        let finished = self.advance_bounded(store, now, usize::MAX, expired);
+        debug_assert!(finished, "engine invariant: an unbounded advance finishes");
+    }
+
+    /// As [`advance`](Self::advance), handing at most `budget` due entries to
+    /// `expired` (entries filed again because they are not due yet are not counted).
+    /// Returns `true` if everything due by `now` was handed out and the wheel stands at
+    /// `now`; `false` if the budget ran out first: then [`next_expiry`](Self::next_expiry)
+    /// is at or before `now`, so the caller knows to call again.
+    ///
+    /// Order (ground rules): the draining batch (the backlog) gets half the budget
+    /// first; then what came due since the last call (the overdue list, then slots in
+    /// tick order, each only if it fits whole while a backlog drains) gets the rest;
+    /// then the backlog gets what that left. So entries come out in deadline order,
+    /// except that a timer coming due during a backlog does not wait for the whole
+    /// backlog; an unbounded advance keeps deadline order.
+    pub(crate) fn advance_bounded<S: Store<Ref = R>>(
+        &mut self,
+        store: &mut S,
+        now: u64,
+        budget: usize,
+        expired: &mut impl FnMut(&mut S, R),
+    ) -> bool {
+        // The backlog's half first (it is older than anything that came due since).
+        let mut reserved = budget / 2;
+        self.work_backlog(store, &mut reserved, expired);
+        let mut left = budget - budget / 2;
+        let was_draining = self.draining.is_some();
+        if !was_draining {
+            // No backlog (left): what came due since may have the whole budget.
+            left += reserved;
+            reserved = 0;
         }
-        while let Some((level, slot, start)) = self.next_occupied() {
+        let mut reached = self.yield_overdue(&mut left, store, expired);
+        if !was_draining && self.draining.is_some() {
+            // The overdue list became the backlog: half of what is left is its.
+            reserved = left / 2;
+            left -= reserved;
+        }
+        while reached {
+            let Some((level, slot, start)) = self.next_occupied() else {
+                break;
+            };
             if start > now {
                 break;
             }
@@ -133,19 +222,36 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 "engine invariant: slot start {start} before now {}",
                 self.now
             );
+            let count = self.levels[level].slots[slot].len();
+            if left == 0 || (count > left && self.draining.is_some()) {
+                // Due, and this call cannot take it: the next call starts here.
+                reached = false;
+                break;
+            }
             self.now = start;
             let lvl = &mut self.levels[level];
             lvl.occupied &= !(1u64 << slot);
             let mut entries = core::mem::take(&mut lvl.slots[slot]);
-            for &entry in &entries {
-                let deadline = store.deadline(entry);
-                if deadline <= start {
-                    expired(store, entry);
-                } else {
-                    // A higher slot cascading, or (level 0) an entry whose deadline
-                    // moved later since it was filed: file it where it now belongs.
-                    self.file(store, entry, deadline);
-                }
+            let list = (level * SLOTS_PER_LEVEL + slot) as u16;
+            let mut handed = 0;
+            while handed < entries.len() && left > 0 {
+                let entry = entries[handed];
+                handed += 1;
+                left -= self.hand_out(store, entry, start, expired);
+            }
+            if handed < entries.len() {
+                // Out of budget mid-slot: the rest drains from here. (No batch drains
+                // already: then only a slot that fits whole is taken, and each entry
+                // uses at most one unit of budget.)
+                debug_assert!(self.draining.is_none(), "engine invariant: one backlog");
+                self.draining = Some(Draining {
+                    from: list,
+                    tick: start,
+                    entries,
+                    next: handed,
+                });
+                reached = false;
+                break;
             }
             // Entries cascade only to lower levels, so this slot is still empty.
             if entries.capacity() <= RETAINED_LIST_CAPACITY {
@@ -153,12 +259,108 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 self.levels[level].slots[slot] = entries;
             }
         }
-        self.now = self.now.max(now);
+        left += reserved;
+        self.work_backlog(store, &mut left, expired);
+        if reached {
+            self.now = self.now.max(now);
+        }
+        reached && self.draining.is_none()
+    }
+
+    /// Works through the backlog (the draining batch) while `left` allows.
+    fn work_backlog<S: Store<Ref = R>>(
+        &mut self,
+        store: &mut S,
+        left: &mut usize,
+        expired: &mut impl FnMut(&mut S, R),
+    ) {
+        let Some(batch) = &mut self.draining else {
+            return;
+        };
+        let (tick, entries, mut next) =
+            (batch.tick, core::mem::take(&mut batch.entries), batch.next);
+        while next < entries.len() && *left > 0 {
+            let entry = entries[next];
+            next += 1;
+            *left -= self.hand_out(store, entry, tick, expired);
+        }
+        if next < entries.len() {
+            let batch = self.draining.as_mut().expect("still draining");
+            batch.entries = entries;
+            batch.next = next;
+        } else {
+            self.draining = None;
+        }
+    }
+
+    /// Yields the overdue list within `left`, in order if it fits. If it does not: it
+    /// becomes the draining batch if none drains, else it gives up `left` entries from
+    /// its end (no other entry moves). Returns whether it is empty now.
+    fn yield_overdue<S: Store<Ref = R>>(
+        &mut self,
+        left: &mut usize,
+        store: &mut S,
+        expired: &mut impl FnMut(&mut S, R),
+    ) -> bool {
+        if self.overdue.is_empty() {
+            return true;
+        }
+        if self.overdue.len() <= *left {
+            *left -= self.overdue.len();
+            let mut overdue = core::mem::take(&mut self.overdue);
+            for &entry in &overdue {
+                expired(store, entry);
+            }
+            overdue.clear();
+            self.overdue = overdue;
+            return true;
+        }
+        if self.draining.is_none() {
+            self.draining = Some(Draining {
+                from: OVERDUE_LIST,
+                tick: self.now,
+                entries: core::mem::take(&mut self.overdue),
+                next: 0,
+            });
+            return true;
+        }
+        while *left > 0 {
+            let entry = self.overdue.pop().expect("longer than the budget");
+            *left -= 1;
+            expired(store, entry);
+        }
+        false
+    }
+
+    /// One entry out of a slot (or batch) taken at tick `tick`: handed to `expired` if
+    /// due by then (returns 1, the budget it used), else filed where it now belongs (a
+    /// higher slot cascading, or an entry whose deadline moved later since it was
+    /// filed; returns 0).
+    fn hand_out<S: Store<Ref = R>>(
+        &mut self,
+        store: &mut S,
+        entry: R,
+        tick: u64,
+        expired: &mut impl FnMut(&mut S, R),
+    ) -> usize {
+        let deadline = store.deadline(entry);
+        if deadline <= tick {
+            expired(store, entry);
+            1
+        } else {
+            self.file(store, entry, deadline);
+            0
+        }
     }
 
     /// Hands every held entry to `each`, in no particular order, leaving the wheel
     /// empty at the same tick.
     pub(crate) fn drain(&mut self, each: &mut impl FnMut(R)) {
+        if let Some(batch) = self.draining.take() {
+            for &entry in &batch.entries[batch.next..] {
+                each(entry);
+            }
+        }
         for entry in self.overdue.drain(..) {
             each(entry);
         }

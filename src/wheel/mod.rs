@@ -59,7 +59,7 @@ pub struct WheelKey {
 /// | --- | --- |
 /// | [`insert`](Self::insert), [`remove`](Self::remove) | O(1) (amortised: vectors grow) |
 /// | [`next_expiry`](Self::next_expiry) | O(levels) = O(1): one bit scan per level |
-/// | [`advance`](Self::advance) | O(1) per expired entry plus O(1) per cascade (at most 10 per entry), independent of the number of ticks advanced |
+/// | [`advance`](Self::advance), [`advance_bounded`](Self::advance_bounded) | O(1) per expired entry plus O(1) per cascade (at most 10 per entry), independent of the number of ticks advanced |
 ///
 /// Memory: a 24-byte slab node plus `size_of::<T>()` (rounded up to 8) and a 4-byte
 /// slot index per entry, plus the vectors' spare capacity, plus 17 KiB of empty slot
@@ -179,7 +179,8 @@ impl<T> TimingWheel<T> {
     ///
     /// `None` when the wheel is empty. Otherwise a tick that is never later than the
     /// earliest deadline held, and after [`now`](Self::now) unless an entry is already
-    /// overdue (then it is `now`). It may be earlier than the earliest deadline when
+    /// overdue, or left due by an [`advance_bounded`](Self::advance_bounded) (then it
+    /// is `now`). It may be earlier than the earliest deadline when
     /// the earliest entry sits in a higher level's slot that must first cascade;
     /// advancing to it always makes progress (yields or cascades), so a caller may
     /// sleep exactly until it.
@@ -202,6 +203,55 @@ impl<T> TimingWheel<T> {
             let (deadline, value) = slab.take(index);
             expired(deadline, value);
         });
+    }
+
+    /// As [`advance`](Self::advance), but yields at most `budget` entries, so that a
+    /// caller can do other work in the middle of a burst (a shard drains its rings,
+    /// and a cancel issued meanwhile wins for an entry not yet yielded). Each call costs
+    /// O(1) per entry yielded or cascaded, however large the slot it stops in.
+    ///
+    /// Returns `true` when everything due by `now` has been yielded and the current
+    /// tick is `now`; `false` when the budget ran out first (with entries still due, or
+    /// a slot still to cascade, by `now`): then the entries still due stay held
+    /// (removable with their keys), [`next_expiry`](Self::next_expiry) is at or before
+    /// `now`, and the next call goes on. A `budget` of 0 yields nothing and returns
+    /// `false` if anything is due.
+    ///
+    /// Order: a slot with more due entries than the budget left becomes a *backlog*
+    /// that later calls work through in order; while one is worked through, each call
+    /// gives half its budget to what came due since (overdue entries, then slots in
+    /// tick order, each slot only if it fits whole) and the rest, at least half, to the
+    /// backlog. So entries come out tick by tick, except that an entry coming due
+    /// during a backlog need not wait for all of it; no entry waits for ever (the
+    /// backlog always moves). Within a tick, and among overdue entries, no order is
+    /// promised.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use sharded_timer::wheel::TimingWheel;
+    ///
+    /// let mut wheel = TimingWheel::new(0);
+    /// for value in 0..5 {
+    ///     wheel.insert(10, value);
+    /// }
+    /// let mut fired = Vec::new();
+    /// assert!(!wheel.advance_bounded(10, 2, &mut |_, value| fired.push(value)));
+    /// assert_eq!(fired, [0, 1]);
+    /// assert!(wheel.advance_bounded(10, 8, &mut |_, value| fired.push(value)));
+    /// assert_eq!(fired, [0, 1, 2, 3, 4]);
+    /// ```
+    pub fn advance_bounded(
+        &mut self,
+        now: u64,
+        budget: usize,
+        expired: &mut impl FnMut(u64, T),
+    ) -> bool {
+        self.wheel
+            .advance_bounded(&mut self.slab, now, budget, &mut |slab, index| {
+                let (deadline, value) = slab.take(index);
+                expired(deadline, value);
+            })
     }
 }
 

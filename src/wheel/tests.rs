@@ -195,6 +195,104 @@ fn many_entries_in_one_tick_all_fire() {
     assert_eq!(drain(&mut wheel, 300_000).len(), n as usize);
 }
 
+#[test]
+fn a_bounded_advance_yields_a_burst_tick_by_tick_a_budget_at_a_time() {
+    let mut bounded = TimingWheel::new(0);
+    let mut unbounded = TimingWheel::new(0);
+    // One tick's burst, a cascade from level 1, and entries already overdue.
+    for value in 0..50u64 {
+        let deadline = [7, 7, 100, 0][value as usize % 4];
+        bounded.insert(deadline, value);
+        unbounded.insert(deadline, value);
+    }
+    let mut expected = Vec::new();
+    unbounded.advance(100, &mut |deadline, value| expected.push((deadline, value)));
+    let mut got = Vec::new();
+    let mut calls = 0;
+    loop {
+        calls += 1;
+        let before = got.len();
+        let finished =
+            bounded.advance_bounded(100, 3, &mut |deadline, value| got.push((deadline, value)));
+        assert!(got.len() - before <= 3, "at most the budget per call");
+        assert!(bounded.now() <= 100);
+        if finished {
+            break;
+        }
+        assert!(bounded.next_expiry().is_some_and(|tick| tick <= 100));
+    }
+    // The same entries, each tick's after the earlier tick's: every slot here is larger
+    // than the budget, so none is taken while another is a backlog (within a tick, and
+    // among overdue entries, any order: the wheel promises none).
+    let deadlines = |yielded: &[(u64, u64)]| yielded.iter().map(|&(d, _)| d).collect::<Vec<_>>();
+    assert_eq!(deadlines(&got), deadlines(&expected));
+    got.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(got, expected);
+    assert_eq!(calls, 17, "50 entries, 3 a call: 17 calls");
+    assert_eq!(bounded.now(), 100);
+    assert!(bounded.is_empty());
+}
+
+#[test]
+fn a_timer_due_during_a_backlog_does_not_wait_for_all_of_it() {
+    let mut wheel = TimingWheel::new(0);
+    for value in 0..1_000u64 {
+        wheel.insert(10, value);
+    }
+    let mut fired = Vec::new();
+    assert!(!wheel.advance_bounded(10, 100, &mut |deadline, value| fired
+        .push((deadline, value))));
+    assert_eq!(fired.len(), 100);
+    wheel.insert(11, 11_000);
+    fired.clear();
+    // Half the budget to the backlog, then what came due since (the one at tick 11),
+    // then the backlog again: it comes out in the next call, not after 900 more.
+    assert!(!wheel.advance_bounded(11, 100, &mut |deadline, value| fired
+        .push((deadline, value))));
+    assert_eq!(fired.len(), 100);
+    assert_eq!(fired[50], (11, 11_000));
+    assert_eq!(
+        fired
+            .iter()
+            .filter(|&&(deadline, _)| deadline == 10)
+            .count(),
+        99
+    );
+    let mut rest = 0;
+    while !wheel.advance_bounded(11, 100, &mut |_, _| rest += 1) {}
+    assert_eq!(rest, 1_000 - 199);
+    assert!(wheel.is_empty());
+}
+
+#[test]
+fn an_entry_left_due_by_a_bounded_advance_can_still_be_removed() {
+    let mut wheel = TimingWheel::new(0);
+    let keys: Vec<WheelKey> = (0..10u64).map(|value| wheel.insert(5, value)).collect();
+    let mut fired = Vec::new();
+    assert!(!wheel.advance_bounded(5, 4, &mut |_, value| fired.push(value)));
+    assert_eq!(fired, [0, 1, 2, 3]);
+    // Left in the backlog: removable, beside one filed since.
+    let later = wheel.insert(69, 690);
+    assert_eq!(wheel.remove(keys[6]), Some(6));
+    assert_eq!(wheel.remove(keys[2]), None, "already yielded");
+    assert!(wheel.advance_bounded(5, 100, &mut |_, value| fired.push(value)));
+    fired[4..].sort_unstable();
+    assert_eq!(fired, [0, 1, 2, 3, 4, 5, 7, 8, 9]);
+    assert_eq!(wheel.remove(later), Some(690));
+    assert!(wheel.is_empty());
+    assert!(
+        wheel.advance_bounded(6, 0, &mut |_, _| {}),
+        "nothing due: finished"
+    );
+    wheel.insert(7, 70);
+    assert!(
+        !wheel.advance_bounded(7, 0, &mut |_, _| {}),
+        "due, and no budget"
+    );
+    assert_eq!(wheel.next_expiry(), Some(7));
+}
+
 /// Where an inserted deadline lands relative to the wheel's current tick.
 #[derive(Clone, Debug)]
 enum Deadline {
@@ -222,6 +320,8 @@ enum Op {
     RemoveLive(usize),
     RemoveStale(usize),
     Advance(Step),
+    /// A bounded advance by this many ticks, yielding at most this many entries.
+    AdvanceBounded(u64, usize),
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -246,6 +346,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => any::<usize>().prop_map(Op::RemoveLive),
         1 => any::<usize>().prop_map(Op::RemoveStale),
         5 => step.prop_map(Op::Advance),
+        2 => (0u64..100, 0usize..8).prop_map(|(by, budget)| Op::AdvanceBounded(by, budget)),
     ]
 }
 
@@ -324,13 +425,47 @@ fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
                 let key = model.stale[pick % model.stale.len()];
                 prop_assert_eq!(wheel.remove(key), None);
             }
+            &Op::AdvanceBounded(by, budget) => {
+                let target = now.saturating_add(by);
+                let mut yielded = Vec::new();
+                let finished = wheel.advance_bounded(target, budget, &mut |deadline, id| {
+                    yielded.push((deadline, id));
+                });
+                prop_assert!(yielded.len() <= budget);
+                let due = model.by_deadline.range(..=(target, u64::MAX)).count();
+                // Finished: everything due came out. Not finished: something due is
+                // left, or only a cascade (a slot reached whose entries are not due).
+                prop_assert!(!finished || yielded.len() == due, "finished, yet due left");
+                prop_assert!(wheel.now() <= target);
+                if finished {
+                    prop_assert_eq!(wheel.now(), target);
+                } else {
+                    prop_assert!(wheel.next_expiry().is_some_and(|tick| tick <= target));
+                }
+                for &(deadline, id) in &yielded {
+                    let Some((_, original, effective)) = model.take(id) else {
+                        return Err(TestCaseError::fail(format!(
+                            "id {id} yielded twice or never inserted"
+                        )));
+                    };
+                    prop_assert_eq!(deadline, original);
+                    prop_assert!(
+                        effective <= target,
+                        "early: id {} due {} at {}",
+                        id,
+                        effective,
+                        target
+                    );
+                }
+            }
             Op::Advance(step) => {
                 let earliest = model.by_deadline.first().map(|&(eff, _)| eff);
                 let next = wheel.next_expiry();
                 prop_assert_eq!(next.is_none(), earliest.is_none());
                 if let (Some(next), Some(earliest)) = (next, earliest) {
+                    // An entry left due by a bounded advance may be due before now.
                     prop_assert!(
-                        next <= earliest,
+                        next <= earliest.max(now),
                         "next_expiry {} after earliest {}",
                         next,
                         earliest
