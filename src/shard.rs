@@ -43,6 +43,7 @@
 #![deny(unsafe_code)]
 
 mod core;
+mod custody;
 mod shard_loop;
 
 use crate::clock::{Tick, TimeSource};
@@ -58,6 +59,8 @@ use crate::sync::{
 
 #[cfg(loom)]
 pub use self::core::{Expired, ShardCore};
+#[cfg(loom)]
+pub use self::custody::Custody;
 pub(crate) use self::shard_loop::{dispatch_rest_here, is_own_thread, take_own_core, ShardThread};
 #[cfg(loom)]
 pub use self::shard_loop::{park_for_model, run_as_shard_thread};
@@ -143,6 +146,15 @@ pub struct ShardShared {
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
     next_wake: CachePadded<AtomicU64>,
+    /// The tick at which the shard's own thread last began a turn (a [`Tick`]'s
+    /// `u64`): how the shard that watches it tells a stuck shard from a busy one
+    /// (`shard_loop`'s rescue). Written by the shard thread only; Relaxed: a stale
+    /// value only delays or hastens a rescue, which the token makes safe either way.
+    heartbeat: CachePadded<AtomicU64>,
+    /// The tick of the core's next expiry when the shard last parked (a [`Tick`]'s
+    /// `u64`; [`Tick::NEVER`] if none): for the watcher, as `heartbeat`. Written by
+    /// the shard thread before its park fence.
+    due: CachePadded<AtomicU64>,
     /// Set by shutdown; the shard then shuts down instead of parking.
     stop: AtomicBool,
     /// The shard thread, to unpark.
@@ -224,6 +236,8 @@ impl ShardShared {
             insert,
             messages,
             next_wake: CachePadded::new(AtomicU64::new(AWAKE.get())),
+            heartbeat: CachePadded::new(AtomicU64::new(0)),
+            due: CachePadded::new(AtomicU64::new(Tick::NEVER.get())),
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
             stats: CachePadded::new(ShardStats::default()),
@@ -314,6 +328,39 @@ impl ShardShared {
     pub fn wake_up(&self) {
         // ORDERING: Relaxed: a stale value only makes a producer unpark needlessly.
         self.next_wake.store(AWAKE.get(), Ordering::Relaxed);
+    }
+
+    /// What the shard publishes of its sleep: the tick it sleeps until, [`AWAKE`], or
+    /// [`Tick::NEVER`]. For the shard that watches it (a heuristic: see `heartbeat`).
+    pub(crate) fn sleeps_until(&self) -> Tick {
+        // ORDERING: Relaxed: a stale value only delays or hastens a rescue (the
+        // watcher's park handshake re-reads it after its fence).
+        Tick::new(self.next_wake.load(Ordering::Relaxed))
+    }
+
+    /// Records that the shard's own thread begins a turn at tick `now`.
+    pub(crate) fn beat(&self, now: Tick) {
+        // ORDERING: Relaxed: see `heartbeat`.
+        self.heartbeat.store(now.get(), Ordering::Relaxed);
+    }
+
+    /// Publishes the core's next expiry as the shard parks (before its park fence).
+    pub(crate) fn set_due(&self, due: Tick) {
+        // ORDERING: Relaxed: see `heartbeat`; the park fence that follows orders it
+        // before the watcher's read after its own fence.
+        self.due.store(due.get(), Ordering::Relaxed);
+    }
+
+    /// The core's next expiry as the shard last parked.
+    pub(crate) fn due(&self) -> Tick {
+        // ORDERING: Relaxed: see `heartbeat`.
+        Tick::new(self.due.load(Ordering::Relaxed))
+    }
+
+    /// The tick at which the shard's own thread last began a turn.
+    pub(crate) fn heartbeat(&self) -> Tick {
+        // ORDERING: Relaxed: see `heartbeat`.
+        Tick::new(self.heartbeat.load(Ordering::Relaxed))
     }
 
     /// Records the shard's thread so producers can unpark it.

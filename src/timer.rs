@@ -55,6 +55,9 @@ pub struct Builder {
     thread_name: String,
     /// The manual clock to read time from, if any.
     clock: Option<ManualClock>,
+    /// How long a shard's due timers may wait for its own thread (`None`: for ever);
+    /// unset: four ticks.
+    rescue_after: Option<Option<Duration>>,
 }
 
 impl Default for Builder {
@@ -68,6 +71,7 @@ impl Default for Builder {
             ring_capacity: DEFAULT_RING_CAPACITY,
             thread_name: "timer".to_owned(),
             clock: None,
+            rescue_after: None,
         }
     }
 }
@@ -114,6 +118,35 @@ impl Builder {
     /// where pinning is unsupported or there are fewer cores than shards.
     pub fn pin_cores(mut self, pin: bool) -> Self {
         self.pin_cores = pin;
+        self
+    }
+
+    /// How long a shard's due timers may wait for their own shard's thread before
+    /// another shard fires them: the *rescue* of a shard whose thread is stuck inside a
+    /// long inline callback (or a slow spawner), or descheduled. Rounded up to whole
+    /// ticks (at least one). Default: `Some(4 ticks)`. `None` turns rescue off: a
+    /// shard's due timers then wait for its own thread, as in Netty.
+    ///
+    /// Each shard thread watches one other shard. When that shard has not begun a
+    /// turn for `rescue_after` while awake, or has overslept its wake-up by as much,
+    /// the watcher takes the shard's wheel for a turn (an atomic ownership token,
+    /// never waiting for it) and fires what is due: inline callbacks then run on the
+    /// watcher's thread, still one at a time in deadline order per shard, and a pool
+    /// gets them as usual. Every timer still fires once and never early; the stuck
+    /// thread carries on when it returns. So with inline callbacks, one callback that
+    /// blocks for 200 ms makes its shard's other timers late by about `rescue_after`,
+    /// not 200 ms. A callback that blocks still holds its own thread, and a timer
+    /// already fired onto that thread's queue at that moment waits for it.
+    ///
+    /// What it costs: the owner takes and gives back its token once per turn (and once
+    /// per inline callback): a CAS and a store. A shard whose watched shard has timers
+    /// and which has none of its own due sooner wakes about `rescue_after` after each
+    /// of the watched shard's wake-ups; a service with nothing pending makes no
+    /// wake-ups. Off with one shard (nobody to rescue it), and under a
+    /// [`ManualClock`] (time moves only in `advance`, which already waits for
+    /// callbacks).
+    pub fn rescue_after(mut self, after: Option<Duration>) -> Self {
+        self.rescue_after = Some(after);
         self
     }
 
@@ -214,19 +247,43 @@ impl Builder {
         } else {
             Vec::new()
         };
+        // Each shard thread is built first, so that rescue can link them in a ring.
+        let mut threads: Vec<(Arc<ShardShared>, ShardThread)> = (0..shards)
+            .map(|_| {
+                let (shard, cursors) =
+                    ShardShared::with_time(self.ring_capacity, time.clone(), limit.clone());
+                let shard_thread = ShardThread::new(
+                    shard.clone(),
+                    cursors,
+                    clock,
+                    dispatch.clone(),
+                    limit.clone(),
+                    manual.as_ref().map(ManualTime::register),
+                );
+                (shard, shard_thread)
+            })
+            .collect();
+        let rescue_after = match self.rescue_after {
+            None => Some(self.tick.checked_mul(4).unwrap_or(Duration::MAX)),
+            Some(after) => after,
+        };
+        if let Some(after) = rescue_after.filter(|_| shards > 1 && manual.is_none()) {
+            let ticks = u64::try_from(after.as_nanos().div_ceil(self.tick.as_nanos()))
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let links: Vec<_> = threads.iter().map(|(_, thread)| thread.link()).collect();
+            let shared_halves: Vec<_> = threads.iter().map(|(shard, _)| shard.clone()).collect();
+            for (index, (_, thread)) in threads.iter_mut().enumerate() {
+                // Shard k watches shard k − 1 and is watched by shard k + 1.
+                let watched = links[(index + shards - 1) % shards].clone();
+                let watcher = shared_halves[(index + 1) % shards].clone();
+                thread.set_rescue(watched, watcher, ticks);
+            }
+        }
         let mut shared = Vec::with_capacity(shards);
         let mut shard_threads = Vec::with_capacity(shards);
-        for index in 0..shards {
-            let (shard, cursors) =
-                ShardShared::with_time(self.ring_capacity, time.clone(), limit.clone());
-            let shard_thread = ShardThread::new(
-                shard.clone(),
-                cursors,
-                clock,
-                dispatch.clone(),
-                limit.clone(),
-                manual.as_ref().map(ManualTime::register),
-            );
+        let mut unstarted = threads.into_iter().enumerate();
+        while let Some((index, (shard, shard_thread))) = unstarted.next() {
             let pin_to = (cores.len() >= shards).then(|| cores[index]);
             let name = thread_name(&self.thread_name, 's', index);
             match thread::Builder::new()
@@ -239,6 +296,7 @@ impl Builder {
                     shard_threads.push(handle);
                 }
                 Err(source) => {
+                    drop(unstarted);
                     let partial = Threads {
                         shards: shard_threads,
                         workers: worker_threads,

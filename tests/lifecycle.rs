@@ -116,7 +116,7 @@ fn an_idle_service_makes_no_wakeups() {
     assert_eq!(
         first,
         switches_of(&threads),
-        "an idle service's threads woke up"
+        "an idle service's threads woke up: {threads:?}"
     );
 }
 
