@@ -210,6 +210,16 @@ impl<T: Task> Executor<T> {
         Ok((executor, handles))
     }
 
+    /// Whether more batches wait to be run than the workers can start at once, twice
+    /// over: a shard handing out a burst then lets the pool catch up before it claims
+    /// more, so a timer that comes due meanwhile is not queued behind the whole burst
+    /// (issue 22). The count is a snapshot, exact only at quiescence.
+    pub fn is_backed_up(&self) -> bool {
+        let waiting = self.shared.injector.len()
+            + self.shared.stealers.iter().map(Stealer::len).sum::<usize>();
+        waiting > 2 * self.shared.stealers.len()
+    }
+
     /// Hands a batch of tasks to the pool. Never blocks on running tasks.
     pub fn submit(&self, batch: Vec<T>) {
         if batch.is_empty() {

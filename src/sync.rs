@@ -180,6 +180,9 @@ mod loom_deque {
         pub(crate) fn is_empty(&self) -> bool {
             self.0.lock().unwrap().is_empty()
         }
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
+        }
         pub(crate) fn steal(&self) -> Steal<T> {
             self.0
                 .lock()
@@ -219,6 +222,9 @@ mod loom_deque {
     impl<T> Stealer<T> {
         pub(crate) fn is_empty(&self) -> bool {
             self.0.lock().unwrap().is_empty()
+        }
+        pub(crate) fn len(&self) -> usize {
+            self.0.lock().unwrap().len()
         }
         pub(crate) fn steal(&self) -> Steal<T> {
             self.0

@@ -27,6 +27,7 @@ mod peers;
 mod report;
 mod rpc;
 mod soak;
+mod stall;
 mod steady;
 mod sweep;
 mod tracker;
@@ -61,11 +62,14 @@ enum Workload {
     Async,
     /// Timers due at a steady rate (`--rate`): lateness under constant load.
     Steady,
+    /// Inline callbacks, one blocking 200 ms a second: the others' lateness with
+    /// rescue on, off, and on the netty-style wheel.
+    Stall,
 }
 
 impl Workload {
     /// Every workload, in the default order.
-    const ALL: [Workload; 8] = [
+    const ALL: [Workload; 9] = [
         Workload::Keepalive,
         Workload::Rpc,
         Workload::Delayed,
@@ -74,6 +78,7 @@ impl Workload {
         Workload::Backpressure,
         Workload::Async,
         Workload::Steady,
+        Workload::Stall,
     ];
 }
 
@@ -191,6 +196,9 @@ struct Args {
     /// steady: seconds of load
     #[arg(long, default_value_t = 2.0)]
     steady_s: f64,
+    /// stall: seconds of load on each of the three targets
+    #[arg(long, default_value_t = 2.0)]
+    stall_s: f64,
     /// Skip the idle-wakeup check
     #[arg(long)]
     no_idle_check: bool,
@@ -463,6 +471,7 @@ fn main() {
             }
             Workload::Async => asynchronous::run(&common, args.timeouts, 30.0),
             Workload::Steady => steady::run(&common, args.rate, args.steady_s),
+            Workload::Stall => stall::run(&common, args.stall_s),
         };
         run.workloads.push(result);
     }

@@ -31,6 +31,8 @@ fn driver() -> Command {
         "20000",
         "--steady-s",
         "0.5",
+        "--stall-s",
+        "1",
         "--no-idle-check",
     ]);
     command
@@ -74,7 +76,8 @@ fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
             "heartbeat",
             "backpressure",
             "async",
-            "steady"
+            "steady",
+            "stall"
         ]
     );
     assert!(stdout.contains("rustc "), "{stdout}");

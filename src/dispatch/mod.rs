@@ -121,6 +121,16 @@ impl Dispatch {
         }
     }
 
+    /// Whether the pool has more batches waiting than its workers can start at once,
+    /// twice over (`Executor::is_backed_up`); rayon, inline and a spawner: never
+    /// (rayon has no queue to look at; the others run on the shard thread).
+    pub(crate) fn is_backed_up(&self) -> bool {
+        match self {
+            Dispatch::Pool(executor) => executor.is_backed_up(),
+            _ => false,
+        }
+    }
+
     /// Hands over a batch of fired tasks (the pool, rayon).
     pub(crate) fn submit(&self, batch: Vec<ShardTask>, clock: Clock) {
         match self {

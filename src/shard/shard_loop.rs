@@ -53,7 +53,7 @@ use crate::clock::{Clock, Nanos, Tick, TurnSlot};
 use crate::dispatch::{Dispatch, RunHome, RunTask, ShardTask};
 use crate::entry::EntryRef;
 use crate::limit::PendingLimit;
-use crate::sync::{spin_loop, thread, Arc};
+use crate::sync::{spin_loop, thread, Arc, Backoff};
 
 /// What a shard's token guards (ground rules).
 #[derive(Debug)]
@@ -522,7 +522,15 @@ impl ShardThread {
             }
             if !finished {
                 // The turn's budget ran out with more due: no park, the next turn
-                // drains the rings and goes on with the burst.
+                // drains the rings and goes on with the burst; but not further ahead of
+                // the pool than it can start at once, twice over, so that a timer
+                // coming due meanwhile (filed first by the next turn) is not queued
+                // behind the whole burst. Meanwhile the rings are drained.
+                let backoff = Backoff::new();
+                while dispatch.is_backed_up() && !shared.is_stopping() {
+                    drain_own_rings();
+                    backoff.snooze();
+                }
                 continue;
             }
             let plan = with_own(|_, held| {
