@@ -126,8 +126,9 @@
 // - caller threads: ShardedTimer::{schedule*, stats, shutdown}, TimerHandle::*,
 //   Unfired::*, Sleep/Timeout polls; they reach ShardShared::{push_insert,
 //   send_cancel, send_move, nudge, request_stop, take_late}.
-// - shard threads: ShardThread::run and everything in ShardCore (the loom models run
-//   ShardCore on the model's main thread instead).
+// - shard threads: ShardThread::run and everything in ShardCore, their own or, while
+//   rescuing it, the watched shard's, holding its ownership token (the loom models run
+//   ShardCore on the model's threads instead).
 // - worker threads: executor::worker_loop, FiredEntry::run, RunTask::run (which calls
 //   push_insert or hand_back_late), and, for a shutdown called from a callback,
 //   Executor::run_queued_here.

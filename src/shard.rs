@@ -5,7 +5,9 @@
 //!
 //! # Ground rules
 //!
-//! - The core (wheel, store, ring cursors) belongs to the shard thread.
+//! - The core (wheel, store, ring cursors) belongs to whoever holds the shard's
+//!   ownership token (`shard/custody.rs`): its own thread, or, for one bounded turn at
+//!   a time, the shard thread rescuing it (`shard_loop.rs`).
 //! - **Park handshake.** Before parking, the shard publishes the tick it will sleep
 //!   until in `next_wake`, issues a SeqCst fence, and re-checks both rings' tails. A
 //!   producer reserves its ring slot, issues a SeqCst fence, then reads `next_wake`
@@ -36,7 +38,7 @@
 //! | function | runs on |
 //! | --- | --- |
 //! | `push_insert`, `send_cancel`, `send_move` | callers of `schedule`, `cancel`, `reset`; executor workers (a repeating timer's next run) |
-//! | `ShardThread::run`, everything in `ShardCore` | the shard thread (loom models: the model's main thread) |
+//! | `ShardThread::run`, everything in `ShardCore` | the shard thread, or the one rescuing it, holding the token (loom models: the model's threads) |
 //! | `RunTask::run` | an executor worker |
 //! | `request_stop`, `take_late` | the caller of `shutdown` |
 
@@ -72,8 +74,9 @@ pub const AWAKE: Tick = Tick::new(0);
 /// Fired tasks handed to the executor per batch.
 const FIRE_BATCH: usize = 256;
 
-/// The counters one shard keeps; written only by the shard thread (Relaxed), summed
-/// on read, exact at quiescence.
+/// The counters one shard keeps; written only by the holder of the shard's ownership
+/// token (its own thread, or one rescuing it: the token orders one holder's writes
+/// before the next's), Relaxed; summed on read, exact at quiescence.
 #[derive(Debug, Default)]
 pub struct ShardStats {
     /// Timers taken from the insert ring.
@@ -114,13 +117,13 @@ pub(crate) struct Load {
 }
 
 impl ShardStats {
-    /// Adds `n` to a counter only this thread writes.
+    /// Adds `n` to a counter only the holder of the shard's token writes.
     fn bump(counter: &AtomicU64, n: u64) {
         if n == 0 {
             return;
         }
-        // ORDERING: Relaxed: a single-writer statistic; readers want a value, not a
-        // happens-before edge.
+        // ORDERING: Relaxed: one writer at a time (the token holder, the token ordering
+        // holders); readers want a value, not a happens-before edge.
         counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
 }

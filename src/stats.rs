@@ -218,12 +218,14 @@ impl fmt::Debug for LatenessRecorder {
 }
 
 impl LatenessRecorder {
-    /// Records one fired timer `ns` nanoseconds late. The owning shard's thread only.
+    /// Records one fired timer `ns` nanoseconds late. Only the holder of the shard's
+    /// ownership token (its own thread, or one rescuing it).
     pub(crate) fn record(&self, ns: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let bucket = &self.buckets[bucket_of(ns)];
-        // ORDERING: Relaxed load and store, no RMW: one writer (the shard thread);
-        // readers want a value, not a happens-before edge.
+        // ORDERING: Relaxed load and store, no RMW: one writer at a time (the holder
+        // of the shard's token, whose hand-over orders one holder's writes before the
+        // next's: `shard/custody.rs`); readers want a value, not a happens-before edge.
         bucket.store(bucket.load(Relaxed) + 1, Relaxed);
         // ORDERING: as above.
         if ns > self.max_ns.load(Relaxed) {

@@ -1,6 +1,6 @@
 //! Model 4: the shard's park handshake (`ShardShared::prepare_park` against
 //! `ShardShared::push_insert`, `src/shard.rs` ground rules), with the real
-//! `ShardCore` and the shard thread's real park (`park_until` in
+//! `ShardCore` and the shard thread's real park (`plan_park` and `park` in
 //! `src/shard/shard_loop.rs`, through `park_for_model`) on the shard side.
 //!
 //! Explores: a producer inserting a timer due at tick 5 while the shard, whose next

@@ -18,8 +18,9 @@ use super::{Callback, Spawner};
 ///   callbacks queued behind it on that worker; the shards keep time.
 /// - [`inline()`](Self::inline): on the shard thread that fired the timer, in deadline
 ///   order, with no hand-off — the fastest way to fire many short callbacks (Netty's
-///   HashedWheelTimer runs its callbacks this way). A slow callback delays every later
-///   timer of that shard, and a callback that blocks stops its shard.
+///   HashedWheelTimer runs its callbacks this way). A slow callback delays that
+///   shard's later timers until [`Builder::rescue_after`](crate::Builder::rescue_after)
+///   (default 4 ticks): then the shard that watches it fires them on its own thread.
 /// - [`spawn(f)`](Self::spawn): each fired timer is handed to `f` as a [`Callback`]
 ///   on the shard thread; `f` sends it to an executor of your own (rayon, tokio's
 ///   `spawn_blocking`, a queue) and returns. `f` should be quick: it runs on the shard.
@@ -91,7 +92,9 @@ impl Callbacks {
 
     /// Callbacks run on the shard thread that fired them, in deadline order (Netty's
     /// model): no hand-off, no pool threads. A slow callback delays that shard's later
-    /// timers; panics are caught and counted in
+    /// timers, for at most [`Builder::rescue_after`](crate::Builder::rescue_after) while
+    /// rescue is on: then the shard that watches it runs them on its own thread, still
+    /// one at a time in deadline order. Panics are caught and counted in
     /// [`Stats::panicked`](crate::Stats::panicked). `schedule`, `cancel`, `reset` and
     /// `shutdown` work from inside; `shutdown` there returns every pending timer, the
     /// calling shard's included, as [`Unfired`](crate::Unfired).

@@ -316,6 +316,11 @@ impl Watch {
         if self.stuck.is_none() && self.stuck_from() > tick {
             return;
         }
+        if self.link.dispatch.is_backed_up() {
+            // Its pool has more than it can start (the owner waits for it on purpose,
+            // mid-burst): the pool is the bottleneck, not the shard.
+            return;
+        }
         let beat = self.link.shared.heartbeat();
         let link = self.link.clone();
         let reading = Reading {
