@@ -88,17 +88,17 @@ impl Slots {
 #[derive(Debug, Serialize)]
 pub(crate) struct Row {
     /// The peer.
-    peer: &'static str,
+    pub(crate) peer: &'static str,
     /// Operations per second (the workload says which).
-    rate: f64,
+    pub(crate) rate: f64,
     /// Lateness p50, p99, p999 and max, µs.
-    lateness: [u64; 4],
+    pub(crate) lateness: [u64; 4],
     /// Early fires (must be 0).
-    early: u64,
+    pub(crate) early: u64,
     /// Lowest..highest rate over the rounds, in millions.
-    spread: String,
+    pub(crate) spread: String,
     /// Process CPU time (every thread, `CLOCK_PROCESS_CPUTIME_ID`) per operation, ns.
-    cpu_ns_per_op: f64,
+    pub(crate) cpu_ns_per_op: f64,
 }
 
 impl Row {
@@ -431,19 +431,19 @@ fn verdict(workload: &str, rows: &[Row]) -> String {
 #[derive(Debug, Serialize)]
 pub(crate) struct CompareReport {
     /// Rounds per figure (each the median).
-    rounds: usize,
+    pub(crate) rounds: usize,
     /// rpc: schedule+cancel pairs/s with 1 M pending; lateness of the timeouts.
-    rpc: Vec<Row>,
+    pub(crate) rpc: Vec<Row>,
     /// burst: 1 M timers due together; fired/s over the drain, lateness.
-    burst: Vec<Row>,
+    pub(crate) burst: Vec<Row>,
     /// Producer threads of the schedule columns.
-    producers: Vec<usize>,
+    pub(crate) producers: Vec<usize>,
     /// Per peer: schedule M/s at each producer count, then schedule+cancel.
-    schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+    pub(crate) schedule: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
     /// Per peer: CPU ns per timer (pair) in the median round of each column above.
-    schedule_cpu_ns: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+    pub(crate) schedule_cpu_ns: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
     /// Per peer: allocated bytes per pending timer, handle kept, and handle bytes.
-    memory: Vec<(&'static str, f64, usize)>,
+    pub(crate) memory: Vec<(&'static str, f64, usize)>,
 }
 
 /// Runs every workload on each peer named in `only` (all when `None`), `rounds` times

@@ -24,6 +24,7 @@ mod heartbeat;
 mod keepalive;
 #[path = "../../benches/peers/mod.rs"]
 mod peers;
+mod plot;
 mod report;
 mod rpc;
 mod soak;
@@ -110,6 +111,9 @@ struct Args {
     /// --compare: peers to run, by name (sharded-timer,tokio,tokio-timeout,heap,netty-style,sharded-unpinned)
     #[arg(long)]
     peers: Option<String>,
+    /// --compare, --sweep and --soak: write SVG charts of the run into this directory
+    #[arg(long, value_name = "DIR")]
+    plot: Option<std::path::PathBuf>,
     /// --compare and --sweep: interleaved rounds per figure (the median is kept)
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -324,6 +328,24 @@ fn idle_check(common: &Common) -> Option<IdleReport> {
     })
 }
 
+/// Reports the charts `--plot` wrote (or why it could not); returns whether it did.
+fn charts(written: Result<Vec<std::path::PathBuf>, String>, quiet: bool) -> bool {
+    match written {
+        Ok(paths) => {
+            if !quiet {
+                for path in paths {
+                    println!("chart: {}", path.display());
+                }
+            }
+            true
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            false
+        }
+    }
+}
+
 /// Whether the run had no workload (a --compare, --sweep or --soak run only).
 fn workloads_empty(run: &RunReport) -> bool {
     run.workloads.is_empty()
@@ -354,6 +376,10 @@ fn main() {
         progress: !args.json && !args.csv,
     };
     let modes = args.compare || args.sweep.is_some() || args.soak.is_some();
+    if args.plot.is_some() && !modes {
+        eprintln!("error: --plot draws a --compare, --sweep or --soak run: give one of them");
+        std::process::exit(2);
+    }
     let workloads = if !args.workloads.is_empty() {
         args.workloads.clone()
     } else if modes {
@@ -371,6 +397,9 @@ fn main() {
         }
         let report = compare::run(args.rounds, args.peers.as_deref(), quiet);
         failed |= report.early() > 0;
+        if let Some(dir) = &args.plot {
+            failed |= !charts(plot::compare(&report, dir), quiet);
+        }
         extra.insert(
             "compare".into(),
             serde_json::to_value(&report).expect("serialises"),
@@ -388,6 +417,9 @@ fn main() {
             println!("sharded-timer --sweep {machine}");
         }
         let rows = sweep::run(&producers, args.rounds, quiet);
+        if let Some(dir) = &args.plot {
+            failed |= !charts(plot::sweep(&rows, dir), quiet);
+        }
         extra.insert(
             "sweep".into(),
             serde_json::to_value(&rows).expect("serialises"),
@@ -409,6 +441,9 @@ fn main() {
             report.print();
         }
         failed |= report.grew() || report.violated();
+        if let Some(dir) = &args.plot {
+            failed |= !charts(plot::soak(&report, dir), quiet);
+        }
         extra.insert(
             "soak".into(),
             serde_json::to_value(&report).expect("serialises"),

@@ -14,11 +14,11 @@ use crate::peers::{Kind, Peer};
 #[derive(Debug, Serialize)]
 pub(crate) struct SweepRow {
     /// Producer threads, and sharded-timer's shards.
-    producers: usize,
+    pub(crate) producers: usize,
     /// sharded-timer: schedule, schedule+cancel.
-    sharded: [f64; 2],
+    pub(crate) sharded: [f64; 2],
     /// The netty-style wheel: schedule, schedule+cancel.
-    netty_style: [f64; 2],
+    pub(crate) netty_style: [f64; 2],
 }
 
 /// Parses `producers=1,2,4,8` (or just `1,2,4,8`).

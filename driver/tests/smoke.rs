@@ -84,11 +84,26 @@ fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
 }
 
 #[test]
-fn a_short_soak_passes() {
-    let out = driver().args(["--soak", "3s"]).output().unwrap();
+fn a_short_soak_passes_and_draws_its_memory() {
+    let dir = std::env::temp_dir().join(format!("sharded-timer-plot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = driver()
+        .args(["--soak", "3s", "--plot"])
+        .arg(&dir)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("PASS: memory flat"), "{stdout}");
+    let chart = dir.join("soak-memory.svg");
+    assert!(stdout.contains("chart: "), "{stdout}");
+    let svg = std::fs::read_to_string(&chart).unwrap_or_default();
+    assert!(svg.starts_with("<svg"), "{}: {svg:.80}", chart.display());
+    assert!(
+        svg.contains("resident set (RSS)"),
+        "the legend names the series"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -97,6 +112,7 @@ fn bad_arguments_exit_2_with_a_message() {
         ["--soak", "10d"],
         ["--sweep", "producers=0"],
         ["--time-scale", "0"],
+        ["--plot", "/tmp/nowhere"],
     ] {
         let out = driver().args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
