@@ -28,61 +28,21 @@
 
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::peers::{self, fill, Handle, Kind};
+use crate::report::{median_by, wait_until};
+use crate::tracker::Tracker;
 
-const NOT_FIRED: u32 = u32::MAX;
 const REQUESTS: usize = 1_000_000;
 const BACKGROUND: usize = 1_000_000;
 const BURST: usize = 1_000_000;
 const WINDOW: usize = 1024;
 const TIMEOUT: Duration = Duration::from_millis(300);
-
-/// Per-timer lateness slots plus an early-fire count; leaked per run so callbacks
-/// capture a plain reference, not a contended `Arc`.
-struct Slots {
-    lateness_us: Vec<AtomicU32>,
-    early: AtomicU64,
-}
-
-impl Slots {
-    fn leak(n: usize) -> &'static Slots {
-        Box::leak(Box::new(Slots {
-            lateness_us: (0..n).map(|_| AtomicU32::new(NOT_FIRED)).collect(),
-            early: AtomicU64::new(0),
-        }))
-    }
-
-    fn record(&self, index: usize, deadline: Instant) {
-        let now = Instant::now();
-        if now < deadline {
-            self.early.fetch_add(1, Ordering::Relaxed);
-        }
-        let late = now
-            .saturating_duration_since(deadline)
-            .as_micros()
-            .min(u32::MAX as u128 - 1) as u32;
-        self.lateness_us[index].store(late, Ordering::Relaxed);
-    }
-
-    fn histogram(&self) -> (Histogram<u64>, u64) {
-        let mut histogram = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
-        let mut fired = 0;
-        for slot in &self.lateness_us {
-            let value = slot.load(Ordering::Relaxed);
-            if value != NOT_FIRED {
-                histogram.saturating_record(u64::from(value).max(1));
-                fired += 1;
-            }
-        }
-        (histogram, fired)
-    }
-}
 
 /// One peer's figures in one workload.
 #[derive(Debug, Serialize)]
@@ -102,12 +62,13 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    /// A peer's row: its rate, and lateness percentiles and early fires from its slots.
+    /// A peer's row: its rate, and lateness percentiles and early fires from its
+    /// tracker.
     fn new(
         kind: Kind,
         (rate, cpu_ns_per_op): (f64, f64),
         histogram: &Histogram<u64>,
-        slots: &Slots,
+        tracker: &Tracker,
     ) -> Row {
         Row {
             peer: kind.name(),
@@ -119,31 +80,16 @@ impl Row {
                 histogram.value_at_quantile(0.999),
                 histogram.max(),
             ],
-            early: slots.early.load(Ordering::Relaxed),
+            early: tracker.violations().0,
             spread: String::new(),
         }
     }
 }
 
-fn wait_for(fired: impl Fn() -> u64, target: u64, limit: Duration) {
-    let start = Instant::now();
-    while fired() < target && start.elapsed() < limit {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn fired_count(slots: &Slots) -> u64 {
-    slots
-        .lateness_us
-        .iter()
-        .filter(|s| s.load(Ordering::Relaxed) != NOT_FIRED)
-        .count() as u64
-}
-
 fn rpc(kind: Kind) -> Row {
     let peer = kind.start();
     let background = fill(&peer, BACKGROUND, 2);
-    let slots = Slots::leak(REQUESTS);
+    let tracker = Tracker::leak(REQUESTS, Instant::now(), Duration::ZERO);
     let abandoned = AtomicU64::new(0);
     let cpu = CpuMeter::start();
     let start = Instant::now();
@@ -156,7 +102,7 @@ fn rpc(kind: Kind) -> Row {
         let per = REQUESTS / 2;
         for index in producer * per..(producer + 1) * per {
             let deadline = Instant::now() + TIMEOUT;
-            window.push_back(peer.schedule(TIMEOUT, move || slots.record(index, deadline)));
+            window.push_back(peer.schedule(TIMEOUT, move || tracker.record(index, deadline)));
             if window.len() > WINDOW {
                 let handle = window.pop_front().unwrap();
                 rng ^= rng << 13;
@@ -177,14 +123,12 @@ fn rpc(kind: Kind) -> Row {
     });
     let elapsed = start.elapsed();
     let expected = abandoned.load(Ordering::Relaxed);
-    wait_for(
-        || fired_count(slots),
-        expected,
-        TIMEOUT + Duration::from_secs(20),
-    );
+    wait_until(TIMEOUT + Duration::from_secs(20), || {
+        tracker.fired() >= expected
+    });
     // The requests' CPU, the timeouts that fired included.
     let cpu_ns = cpu.ns_per(REQUESTS);
-    let (histogram, _) = slots.histogram();
+    let (histogram, _) = tracker.lateness();
     drop(kept);
     drop(background);
     drop(peer);
@@ -192,7 +136,7 @@ fn rpc(kind: Kind) -> Row {
         kind,
         (REQUESTS as f64 / elapsed.as_secs_f64(), cpu_ns),
         &histogram,
-        slots,
+        tracker,
     )
 }
 
@@ -218,7 +162,7 @@ fn on_producers<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<
 
 fn burst(kind: Kind) -> Row {
     let peer = kind.start();
-    let slots = Slots::leak(BURST);
+    let tracker = Tracker::leak(BURST, Instant::now(), Duration::ZERO);
     let cpu = CpuMeter::start();
     let deadline = Instant::now() + Duration::from_millis(1_500);
     // Handles are kept until the timers fired (dropping a tokio future cancels it).
@@ -226,14 +170,14 @@ fn burst(kind: Kind) -> Row {
         let mut kept = Vec::with_capacity(BURST / 2 + 1);
         for index in (producer..BURST).step_by(2) {
             let delay = deadline.saturating_duration_since(Instant::now());
-            kept.push(peer.schedule(delay, move || slots.record(index, deadline)));
+            kept.push(peer.schedule(delay, move || tracker.record(index, deadline)));
         }
         kept
     });
-    wait_for(|| fired_count(slots), BURST as u64, Duration::from_secs(60));
+    wait_until(Duration::from_secs(60), || tracker.fired() >= BURST as u64);
     // Per timer: scheduling it and firing it (and the idle wait for the deadline).
     let cpu_ns = cpu.ns_per(BURST);
-    let (histogram, fired) = slots.histogram();
+    let (histogram, fired) = tracker.lateness();
     drop(kept);
     drop(peer);
     let drain = Duration::from_micros(histogram.max().max(1));
@@ -241,7 +185,7 @@ fn burst(kind: Kind) -> Row {
         kind,
         (fired as f64 / drain.as_secs_f64(), cpu_ns),
         &histogram,
-        slots,
+        tracker,
     )
 }
 
@@ -251,13 +195,13 @@ fn burst(kind: Kind) -> Row {
 /// 16-byte closure each captures.
 fn bytes_per_pending(kind: Kind) -> f64 {
     let peer = kind.start();
-    let slots = Slots::leak(0);
+    let tracker = Tracker::leak(0, Instant::now(), Duration::ZERO);
     let mut handles: Vec<Handle> = Vec::with_capacity(BACKGROUND);
     let before = crate::alloc::allocated();
     for index in 0..BACKGROUND {
         // A 16-byte closure (a reference and an index, as in the driver).
         handles.push(peer.schedule(Duration::from_secs(3600), move || {
-            let _ = (slots, index);
+            let _ = (tracker, index);
         }));
     }
     // Let the peers' own threads take the timers in.
@@ -346,15 +290,15 @@ fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<
         }
     }
     runs.into_iter()
-        .map(|mut rows| {
+        .map(|rows| {
             let early = rows.iter().map(|r| r.early).sum();
-            rows.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-            let spread = format!(
-                "{:.2}..{:.2}",
-                rows[0].rate / 1e6,
-                rows[rows.len() - 1].rate / 1e6
-            );
-            let mut median = rows.swap_remove(rows.len() / 2);
+            let (low, high) = rows
+                .iter()
+                .fold((f64::INFINITY, 0.0f64), |(low, high), row| {
+                    (low.min(row.rate), high.max(row.rate))
+                });
+            let spread = format!("{:.2}..{:.2}", low / 1e6, high / 1e6);
+            let mut median = median_by(rows, |row| row.rate);
             median.early = early;
             median.spread = spread;
             median
@@ -446,14 +390,14 @@ pub(crate) struct CompareReport {
     pub(crate) memory: Vec<(&'static str, f64, usize)>,
 }
 
-/// Runs every workload on each peer named in `only` (all when `None`), `rounds` times
+/// Runs every workload on each peer named in `only` (all when empty), `rounds` times
 /// interleaved, printing as it goes unless `quiet`.
-pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareReport {
+pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport {
     let rounds = rounds.max(1);
     let kinds: Vec<Kind> = Kind::ALL
         .into_iter()
         .chain([Kind::TokioTimeout, Kind::ShardedInline, Kind::ShardedSpawn])
-        .filter(|k| only.is_none_or(|o| o.split(',').any(|n| n == k.name())))
+        .filter(|k| only.is_empty() || only.iter().any(|name| name == k.name()))
         .collect();
     let rpc_rows = median_rows(&kinds, rounds, rpc);
     if !quiet {
@@ -489,8 +433,7 @@ pub(crate) fn run(rounds: usize, only: Option<&str>, quiet: bool) -> CompareRepo
         let medians: Vec<(f64, f64)> = columns
             .iter_mut()
             .map(|column| {
-                column.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let (rate, cpu_ns) = column[column.len() / 2];
+                let (rate, cpu_ns) = median_by(std::mem::take(column), |round| round.0);
                 (rate / 1e6, cpu_ns)
             })
             .collect();

@@ -108,9 +108,12 @@ struct Args {
     /// its users write it, the netty-style wheel, a heap), and print ratios
     #[arg(long)]
     compare: bool,
-    /// --compare: peers to run, by name (sharded-timer,tokio,tokio-timeout,heap,netty-style,sharded-unpinned)
-    #[arg(long)]
-    peers: Option<String>,
+    /// --compare: peers to run, by name, comma-separated [default: all]
+    #[arg(long, value_delimiter = ',', value_parser = [
+        "sharded-timer", "sharded-unpinned", "sharded-inline", "sharded-spawn",
+        "tokio", "tokio-timeout", "heap", "netty-style",
+    ])]
+    peers: Vec<String>,
     /// --compare, --sweep and --soak: write SVG charts of the run into this directory
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
@@ -118,13 +121,14 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Print a scaling table over producer threads (and as many shards), e.g.
-    /// `producers=1,2,4,8`
-    #[arg(long)]
-    sweep: Option<String>,
-    /// Run the rpc and keepalive loads on one service for this long (e.g. 10m, 90s),
-    /// checking memory stays flat and no timer is early, lost or duplicated
-    #[arg(long)]
-    soak: Option<String>,
+    /// `producers=1,2,4,8` (or `1,2,4,8`)
+    #[arg(long, value_delimiter = ',', value_parser = sweep::producer_count)]
+    sweep: Vec<usize>,
+    /// Run the rpc and keepalive loads on one service for this long (e.g. 10m, 90s,
+    /// 1h 30m; at most 24h), checking memory stays flat and no timer is early, lost or
+    /// duplicated
+    #[arg(long, value_parser = soak::parse_duration)]
+    soak: Option<std::time::Duration>,
     /// Print the workload report as CSV, one line per workload
     #[arg(long)]
     csv: bool,
@@ -375,7 +379,7 @@ fn main() {
         producers: args.producers,
         progress: !args.json && !args.csv,
     };
-    let modes = args.compare || args.sweep.is_some() || args.soak.is_some();
+    let modes = args.compare || !args.sweep.is_empty() || args.soak.is_some();
     if args.plot.is_some() && !modes {
         eprintln!("error: --plot draws a --compare, --sweep or --soak run: give one of them");
         std::process::exit(2);
@@ -395,7 +399,7 @@ fn main() {
         if !quiet {
             println!("sharded-timer --compare {machine}");
         }
-        let report = compare::run(args.rounds, args.peers.as_deref(), quiet);
+        let report = compare::run(args.rounds, &args.peers, quiet);
         failed |= report.early() > 0;
         if let Some(dir) = &args.plot {
             failed |= !charts(plot::compare(&report, dir), quiet);
@@ -405,18 +409,12 @@ fn main() {
             serde_json::to_value(&report).expect("serialises"),
         );
     }
-    if let Some(spec) = &args.sweep {
-        let producers = match sweep::parse(spec) {
-            Ok(producers) => producers,
-            Err(message) => {
-                eprintln!("error: {message}");
-                std::process::exit(2);
-            }
-        };
+    if !args.sweep.is_empty() {
+        let producers = &args.sweep;
         if !quiet && !args.compare {
             println!("sharded-timer --sweep {machine}");
         }
-        let rows = sweep::run(&producers, args.rounds, quiet);
+        let rows = sweep::run(producers, args.rounds, quiet);
         if let Some(dir) = &args.plot {
             failed |= !charts(plot::sweep(&rows, dir), quiet);
         }
@@ -425,14 +423,8 @@ fn main() {
             serde_json::to_value(&rows).expect("serialises"),
         );
     }
-    if let Some(text) = &args.soak {
-        let duration = match soak::parse_duration(text) {
-            Ok(duration) => duration,
-            Err(message) => {
-                eprintln!("error: {message}");
-                std::process::exit(2);
-            }
-        };
+    if let Some(duration) = args.soak {
+        let text = humantime::format_duration(duration);
         if !quiet {
             println!("sharded-timer --soak {text} {machine}");
         }

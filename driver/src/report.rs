@@ -398,45 +398,75 @@ pub(crate) fn print_table(run: &RunReport) {
     }
 }
 
-/// Prints the run as CSV: a header, then one line per workload, each carrying the
-/// machine, toolchain and commit it ran on.
+/// Prints the run as CSV (the `csv` crate: quoting as RFC 4180 says): a header, then
+/// one line per workload, each carrying the machine, toolchain and commit it ran on.
 pub(crate) fn print_csv(run: &RunReport) {
-    let heads: Vec<String> = Rates::HEADS
+    let mut out = csv::Writer::from_writer(std::io::stdout().lock());
+    let heads = Rates::HEADS
         .iter()
-        .map(|h| h.replace("/s", "_per_sec").replace(['+', ' '], "_"))
+        .map(|h| h.replace("/s", "_per_sec").replace(['+', ' '], "_"));
+    let header: Vec<String> = std::iter::once("workload".to_owned())
+        .chain(heads)
+        .chain(
+            [
+                "p50_us",
+                "p99_us",
+                "p999_us",
+                "max_us",
+                "early",
+                "lost",
+                "duplicated",
+                "peak_rss_bytes",
+                "bytes_per_pending",
+                "cpu_seconds",
+                "wall_seconds",
+                "cores",
+                "cpu_model",
+                "kernel",
+                "rustc",
+                "commit",
+                "config",
+            ]
+            .map(str::to_owned),
+        )
         .collect();
-    println!(
-        "workload,{},p50_us,p99_us,p999_us,max_us,early,lost,duplicated,peak_rss_bytes,bytes_per_pending,cpu_seconds,wall_seconds,cores,cpu_model,kernel,rustc,commit,config",
-        heads.join(",")
-    );
-    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let field = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
+    let write = |out: &mut csv::Writer<_>, record: Vec<String>| {
+        if let Err(error) = out.write_record(&record) {
+            eprintln!("error: writing the CSV: {error}");
+            std::process::exit(1);
+        }
+    };
+    write(&mut out, header);
     for w in &run.workloads {
-        let rates: Vec<String> = w.rates.columns().into_iter().map(field).collect();
-        println!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{},{},{},{},{},{}",
-            w.name,
-            rates.join(","),
-            w.lateness_us.p50,
-            w.lateness_us.p99,
-            w.lateness_us.p999,
-            w.lateness_us.max,
-            w.early,
-            w.lost,
-            w.duplicated,
+        let mut record = vec![w.name.to_owned()];
+        record.extend(w.rates.columns().into_iter().map(field));
+        record.extend([
+            w.lateness_us.p50.to_string(),
+            w.lateness_us.p99.to_string(),
+            w.lateness_us.p999.to_string(),
+            w.lateness_us.max.to_string(),
+            w.early.to_string(),
+            w.lost.to_string(),
+            w.duplicated.to_string(),
             w.process
                 .peak_rss_bytes
                 .map_or(String::new(), |b| b.to_string()),
             field(w.bytes_per_pending),
             field(w.process.cpu_seconds),
-            w.process.wall_seconds,
-            run.machine.cores,
-            quote(&run.machine.cpu_model),
-            quote(&run.machine.kernel),
-            quote(&run.machine.rustc),
-            run.machine.commit,
-            quote(&run.config),
-        );
+            format!("{:.3}", w.process.wall_seconds),
+            run.machine.cores.to_string(),
+            run.machine.cpu_model.clone(),
+            run.machine.kernel.clone(),
+            run.machine.rustc.clone(),
+            run.machine.commit.clone(),
+            run.config.clone(),
+        ]);
+        write(&mut out, record);
+    }
+    if let Err(error) = out.flush() {
+        eprintln!("error: writing the CSV: {error}");
+        std::process::exit(1);
     }
 }
 
@@ -502,6 +532,20 @@ pub(crate) fn lateness(deadline: Instant, now: Instant) -> (u32, bool) {
 }
 
 /// Sleeps until `condition` holds or `timeout` passes; returns whether it held.
+/// The middle item of `items` by `key` (the upper middle of an even count): the
+/// driver's one median, for a run of rounds (a whole round is kept, so that its other
+/// figures come from the same round).
+///
+/// # Panics
+///
+/// If `items` is empty.
+pub(crate) fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> T {
+    assert!(!items.is_empty(), "the median of nothing");
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = items.len() / 2;
+    items.swap_remove(middle)
+}
+
 pub(crate) fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while !condition() {

@@ -150,30 +150,23 @@ impl SoakReport {
     }
 }
 
-/// Parses `10m`, `90s`, `1h` or a number of seconds.
+/// The longest soak `--soak` accepts: a longer one is taken for a typo.
+const LONGEST: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses `10m`, `90s`, `1h 30m` (humantime's format), up to [`LONGEST`].
 ///
 /// # Errors
 ///
-/// A message saying what did not parse.
+/// A message saying what did not parse, or that the duration is out of range.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(at) => text.split_at(at),
-        None => (text, "s"),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("--soak: `{text}` is not a duration like 10m, 90s or 1h"))?;
-    let seconds = match unit {
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("--soak: unit `{unit}` is not s, m or h")),
-    };
-    if !(seconds > 0.0 && seconds.is_finite()) {
-        return Err("--soak: the duration must be positive".into());
+    let duration = humantime::parse_duration(text)
+        .map_err(|error| format!("`{text}` is not a duration like 10m, 90s or 1h: {error}"))?;
+    if duration.is_zero() || duration > LONGEST {
+        return Err(format!(
+            "`{text}`: a soak runs for more than 0 s and at most 24h"
+        ));
     }
-    Ok(Duration::from_secs_f64(seconds))
+    Ok(duration)
 }
 
 /// A timer whose callback counts itself and checks it is not early.
@@ -382,12 +375,13 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn durations_parse_in_seconds_minutes_and_hours_and_nothing_else() {
+    fn durations_parse_as_humantime_up_to_a_day() {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
-        for bad in ["", "m", "10d", "-1m", "0s", "ten", "infs"] {
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2500ms"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        for bad in ["", "m", "10d", "-1m", "0s", "ten", "infs", "2.5"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

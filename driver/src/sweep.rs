@@ -9,6 +9,7 @@ use sharded_timer::ShardedTimer;
 
 use crate::compare::schedule_rate_on;
 use crate::peers::{Kind, Peer};
+use crate::report::median_by;
 
 /// One producer count's figures, M/s (median of the rounds).
 #[derive(Debug, Serialize)]
@@ -21,34 +22,25 @@ pub(crate) struct SweepRow {
     pub(crate) netty_style: [f64; 2],
 }
 
-/// Parses `producers=1,2,4,8` (or just `1,2,4,8`).
+/// One element of `--sweep producers=1,2,4,8` (or `1,2,4,8`), which clap splits at
+/// the commas: a positive producer count, the first one perhaps named.
 ///
 /// # Errors
 ///
 /// A message naming what did not parse.
-pub(crate) fn parse(spec: &str) -> Result<Vec<usize>, String> {
-    let list = spec.strip_prefix("producers=").unwrap_or(spec);
-    let counts: Vec<usize> = list
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| format!("--sweep: `{n}` is not a positive producer count"))
-        })
-        .collect::<Result<_, _>>()?;
-    if counts.is_empty() {
-        return Err("--sweep: give at least one producer count".into());
-    }
-    Ok(counts)
+pub(crate) fn producer_count(element: &str) -> Result<usize, String> {
+    let count = element.strip_prefix("producers=").unwrap_or(element).trim();
+    count
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("`{count}` is not a positive producer count"))
 }
 
 /// The median of `rounds` runs of `measure`, in M/s.
 fn median(rounds: usize, mut measure: impl FnMut() -> f64) -> f64 {
-    let mut runs: Vec<f64> = (0..rounds.max(1)).map(|_| measure()).collect();
-    runs.sort_by(f64::total_cmp);
-    runs[runs.len() / 2] / 1e6
+    let runs: Vec<f64> = (0..rounds.max(1)).map(|_| measure()).collect();
+    median_by(runs, |&rate| rate) / 1e6
 }
 
 /// Runs the sweep and prints its table.
@@ -107,14 +99,14 @@ pub(crate) fn run(producers: &[usize], rounds: usize, quiet: bool) -> Vec<SweepR
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::producer_count;
 
     #[test]
-    fn producer_lists_parse_with_or_without_their_name() {
-        assert_eq!(parse("producers=1,2,4,8"), Ok(vec![1, 2, 4, 8]));
-        assert_eq!(parse("3, 16"), Ok(vec![3, 16]));
-        for bad in ["", "producers=", "1,,2", "0", "producers=x", "shards=2"] {
-            assert!(parse(bad).is_err(), "{bad}");
+    fn producer_counts_parse_with_or_without_their_name() {
+        assert_eq!(producer_count("producers=1"), Ok(1));
+        assert_eq!(producer_count("16"), Ok(16));
+        for bad in ["", "producers=", "0", "producers=x", "shards=2"] {
+            assert!(producer_count(bad).is_err(), "{bad}");
         }
     }
 }

@@ -141,18 +141,22 @@ impl Tracker {
         (histogram, fired)
     }
 
+    /// Callbacks that have recorded themselves so far.
+    pub(crate) fn fired(&self) -> u64 {
+        self.slots
+            .iter()
+            // ORDERING: Relaxed: a progress count; `lateness` reads again after.
+            .map(|slot| slot.load(Ordering::Relaxed))
+            .filter(|&value| value != NOT_FIRED && value != CANCELLED)
+            .count() as u64
+    }
+
     /// Waits (up to 30 s) until at least `expected` callbacks have recorded
     /// themselves. With the pool or inline, `shutdown` already waited for them; with
     /// `--callbacks rayon` it returns once they are handed to rayon, not run.
     pub(crate) fn settle(&self, expected: u64) {
         crate::report::wait_until(std::time::Duration::from_secs(30), || {
-            self.slots
-                .iter()
-                // ORDERING: Relaxed: a progress count; `lateness` reads again after.
-                .map(|slot| slot.load(Ordering::Relaxed))
-                .filter(|&value| value != NOT_FIRED && value != CANCELLED)
-                .count() as u64
-                >= expected
+            self.fired() >= expected
         });
     }
 
