@@ -31,6 +31,7 @@ mod soak;
 mod stall;
 mod steady;
 mod sweep;
+mod system;
 mod tracker;
 
 use std::time::{Duration, Instant};
@@ -319,10 +320,10 @@ fn idle_check(common: &Common) -> Option<IdleReport> {
     let timer = common.service("idle-check");
     let _far = timer.schedule(Duration::from_secs(3600), || {}).ok()?;
     std::thread::sleep(Duration::from_millis(200));
-    let (threads, before) = report::context_switches("idle-check")?;
+    let (threads, before) = system::context_switches("idle-check")?;
     let start = Instant::now();
     std::thread::sleep(Duration::from_secs(1));
-    let (_, after) = report::context_switches("idle-check")?;
+    let (_, after) = system::context_switches("idle-check")?;
     let seconds = start.elapsed().as_secs_f64();
     drop(timer.shutdown());
     Some(IdleReport {

@@ -61,7 +61,7 @@ impl WorkloadReport {
             Some(cpu) => cpu >= 0.9 * cores as f64 * self.process.wall_seconds,
             None => false,
         };
-        let loaded = load_average().is_some_and(|load| load > cores as f64);
+        let loaded = crate::system::load_average().is_some_and(|load| load > cores as f64);
         if busy || loaded {
             Timeliness::TooLoaded
         } else {
@@ -82,16 +82,6 @@ pub(crate) enum Timeliness {
     TooLoaded,
     /// A burst (its lateness is the drain it measures), or nothing fired.
     NotJudged,
-}
-
-/// The 1-minute load average (Linux), if readable.
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// A workload's rates, one per kind of operation (`None`: the workload does not do it).
@@ -205,8 +195,7 @@ pub(crate) struct Meter {
 impl Meter {
     /// Resets the peak-RSS mark (Linux) and records CPU time and the clock.
     pub(crate) fn start() -> Self {
-        // Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
-        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        crate::system::reset_peak_rss();
         Meter {
             start: Instant::now(),
             cpu: cpu_seconds(),
@@ -221,7 +210,7 @@ impl Meter {
                 (Some(a), Some(b)) => Some(b - a),
                 _ => None,
             },
-            peak_rss_bytes: peak_rss_bytes(),
+            peak_rss_bytes: crate::system::peak_rss_bytes(),
         }
     }
 }
@@ -233,37 +222,6 @@ pub(crate) fn cpu_seconds() -> Option<f64> {
     cpu_time::ProcessTime::try_now()
         .ok()
         .map(|time| time.as_duration().as_secs_f64())
-}
-
-/// VmHWM from /proc/self/status, in bytes.
-fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Context switches of the threads whose names start with `prefix`, from /proc.
-pub(crate) fn context_switches(prefix: &str) -> Option<(usize, u64)> {
-    let mut threads = 0;
-    let mut switches = 0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if !comm.starts_with(prefix) {
-            continue;
-        }
-        threads += 1;
-        let status = std::fs::read_to_string(path.join("status")).ok()?;
-        for line in status.lines() {
-            if line.starts_with("voluntary_ctxt_switches")
-                || line.starts_with("nonvoluntary_ctxt_switches")
-            {
-                switches += line.split_whitespace().last()?.parse::<u64>().ok()?;
-            }
-        }
-    }
-    Some((threads, switches))
 }
 
 /// The idle check: wakeups per second of an idle service's threads.
@@ -488,18 +446,8 @@ pub(crate) struct Machine {
 impl Machine {
     /// Reads the machine; the toolchain and commit were recorded at build time.
     pub(crate) fn read() -> Self {
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|info| {
-                info.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split_once(':'))
-                    .map(|(_, model)| model.trim().to_owned())
-            })
-            .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map(|r| format!("Linux {}", r.trim()))
-            .unwrap_or_else(|_| std::env::consts::OS.to_owned());
+        let cpu_model = crate::system::cpu_model();
+        let kernel = crate::system::kernel();
         Machine {
             cores: std::thread::available_parallelism().map_or(1, usize::from),
             cpu_model,

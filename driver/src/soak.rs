@@ -274,13 +274,6 @@ fn keepalive_load(timer: &ShardedTimer, counts: &'static Counts, stop: &AtomicBo
     }
 }
 
-/// Resident set size from /proc/self/status, bytes.
-fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
-}
-
 /// Runs the soak for `duration`.
 pub(crate) fn run(common: &Common, duration: Duration) -> SoakReport {
     let timer = common.service("soak");
@@ -322,7 +315,7 @@ pub(crate) fn run(common: &Common, duration: Duration) -> SoakReport {
             let sample = Sample {
                 second,
                 allocated: crate::alloc::allocated(),
-                rss: rss_bytes(),
+                rss: crate::system::rss_bytes(),
                 requests_per_sec: (now_requests - requests) as f64,
                 resets_per_sec: (now_resets - resets) as f64,
             };
