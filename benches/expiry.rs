@@ -13,7 +13,7 @@
     reason = "criterion_group! and criterion_main! generate undocumented items"
 )]
 
-mod peers;
+use sharded_timer_peers as peers;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

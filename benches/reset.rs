@@ -16,7 +16,7 @@
 )]
 
 mod harness;
-mod peers;
+use sharded_timer_peers as peers;
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -15,7 +15,7 @@
 )]
 
 mod harness;
-mod peers;
+use sharded_timer_peers as peers;
 
 use std::hint::black_box;
 

@@ -22,8 +22,6 @@ mod compare;
 mod delayed;
 mod heartbeat;
 mod keepalive;
-#[path = "../../benches/peers/mod.rs"]
-mod peers;
 mod plot;
 mod report;
 mod rpc;
@@ -39,6 +37,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sharded_timer::ShardedTimer;
+use sharded_timer_peers as peers;
 
 use report::{IdleReport, Machine, RunReport};
 

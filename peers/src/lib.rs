@@ -3,11 +3,6 @@
 //! single hashed wheel with rounds (Netty's HashedWheelTimer), and sharded-timer
 //! itself, pinned and unpinned. Every comparing bench uses these, through [`Peer`].
 
-#![allow(
-    dead_code,
-    reason = "each bench uses the peers it compares, not every helper"
-)]
-
 mod heap;
 mod netty;
 mod once;
@@ -18,13 +13,13 @@ use std::time::Duration;
 
 use sharded_timer::{Callbacks, ShardedTimer, TimerHandle};
 
-pub(crate) use heap::HeapTimer;
-pub(crate) use netty::NettyTimer;
-pub(crate) use tokio_timer::{Form, TokioHandle, TokioTimer};
+pub use heap::HeapTimer;
+pub use netty::NettyTimer;
+pub use tokio_timer::{Form, TokioHandle, TokioTimer};
 
 /// Which peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     /// sharded-timer at its defaults (shards pinned to cores).
     Sharded,
     /// sharded-timer with `pin_cores(false)`.
@@ -47,7 +42,7 @@ pub(crate) enum Kind {
 
 impl Kind {
     /// Every peer, sharded-timer first.
-    pub(crate) const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 5] = [
         Kind::Sharded,
         Kind::ShardedUnpinned,
         Kind::Tokio,
@@ -56,7 +51,7 @@ impl Kind {
     ];
 
     /// Short name for bench ids and tables.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Sharded => "sharded-timer",
             Kind::ShardedUnpinned => "sharded-unpinned",
@@ -70,7 +65,7 @@ impl Kind {
     }
 
     /// Bytes of the handle a caller keeps per timer: the peer's own handle type.
-    pub(crate) fn handle_size(self) -> usize {
+    pub fn handle_size(self) -> usize {
         match self {
             Kind::Sharded | Kind::ShardedUnpinned | Kind::ShardedInline | Kind::ShardedSpawn => {
                 std::mem::size_of::<TimerHandle>()
@@ -82,7 +77,11 @@ impl Kind {
     }
 
     /// A fresh instance.
-    pub(crate) fn start(self) -> Peer {
+    ///
+    /// # Panics
+    ///
+    /// If the peer's threads cannot be started.
+    pub fn start(self) -> Peer {
         match self {
             Kind::Sharded => Peer::Sharded(ShardedTimer::new()),
             Kind::ShardedUnpinned => Peer::Sharded(
@@ -121,24 +120,48 @@ impl Kind {
 }
 
 /// A running peer.
-pub(crate) enum Peer {
+#[derive(Debug)]
+pub enum Peer {
+    /// sharded-timer (any of its configurations).
     Sharded(ShardedTimer),
+    /// tokio's timer, through a runtime of its own.
     Tokio(TokioTimer),
+    /// A `Mutex<BinaryHeap>` timer thread.
     Heap(HeapTimer),
+    /// The Netty-style wheel.
     NettyStyle(NettyTimer),
 }
 
 /// A scheduled timer of some peer.
-pub(crate) enum Handle {
+pub enum Handle {
+    /// sharded-timer's handle.
     Sharded(TimerHandle),
+    /// tokio's future, dropped to cancel.
     Tokio(TokioHandle),
+    /// The heap timer's task cell.
     Heap(Arc<once::OnceTask>),
+    /// The Netty-style wheel's timeout.
     NettyStyle(Arc<netty::Timeout>),
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Handle::Sharded(handle) => f.debug_tuple("Sharded").field(handle).finish(),
+            Handle::Tokio(_) => f.write_str("Tokio(..)"),
+            Handle::Heap(task) => f.debug_tuple("Heap").field(task).finish(),
+            Handle::NettyStyle(timeout) => f.debug_tuple("NettyStyle").field(timeout).finish(),
+        }
+    }
 }
 
 impl Peer {
     /// Runs `f` once after `delay`.
-    pub(crate) fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> Handle {
+    ///
+    /// # Panics
+    ///
+    /// If sharded-timer refuses the timer (it has shut down: never while a peer runs).
+    pub fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> Handle {
         match self {
             Peer::Sharded(timer) => Handle::Sharded(timer.schedule(delay, f).expect("accepted")),
             Peer::Tokio(timer) => Handle::Tokio(timer.schedule(delay, f)),
@@ -148,7 +171,7 @@ impl Peer {
     }
 
     /// Cancels; true iff it was still pending (tokio: iff its future was still held).
-    pub(crate) fn cancel(&self, handle: &Handle) -> bool {
+    pub fn cancel(&self, handle: &Handle) -> bool {
         match (self, handle) {
             (Peer::Sharded(_), Handle::Sharded(h)) => h.cancel(),
             (Peer::Tokio(t), Handle::Tokio(h)) => t.cancel(h),
@@ -161,7 +184,11 @@ impl Peer {
 
 /// Schedules `count` no-op timers with delays spread over 1 s..60 s from
 /// `producers` threads, so they stay pending through a bench; returns their handles.
-pub(crate) fn fill(peer: &Peer, count: usize, producers: usize) -> Vec<Handle> {
+///
+/// # Panics
+///
+/// If a producer thread panics.
+pub fn fill(peer: &Peer, count: usize, producers: usize) -> Vec<Handle> {
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..producers)
             .map(|p| {
@@ -185,7 +212,7 @@ pub(crate) fn fill(peer: &Peer, count: usize, producers: usize) -> Vec<Handle> {
 /// Pins the calling producer thread to core `index % cores`, for every peer alike: a
 /// thread-per-core server's layout, and stable run to run (unpinned producers that
 /// the OS happens to place on the same core change every peer's figures).
-pub(crate) fn pin_producer(index: usize) {
+pub fn pin_producer(index: usize) {
     if let Some(cores) = core_affinity::get_core_ids() {
         if !cores.is_empty() {
             let _ = core_affinity::set_for_current(cores[index % cores.len()]);
@@ -194,7 +221,7 @@ pub(crate) fn pin_producer(index: usize) {
 }
 
 /// A delay in 1 s..60 s, spread by index.
-pub(crate) fn spread_delay(i: u64) -> Duration {
+pub fn spread_delay(i: u64) -> Duration {
     Duration::from_millis(1_000 + i.wrapping_mul(0x9e37_79b9_7f4a_7c15) % 59_000)
 }
 
@@ -204,7 +231,7 @@ const MIN_PER_THREAD: u64 = 10_000;
 
 /// Times `iters` calls of `op` spread over `threads` threads running at once: runs at
 /// least [`MIN_PER_THREAD`] per thread and scales the wall time to `iters` calls.
-pub(crate) fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
+pub fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
     let per_thread = iters.div_ceil(threads as u64).max(MIN_PER_THREAD);
     let barrier = std::sync::Barrier::new(threads + 1);
     let elapsed = std::thread::scope(|scope| {

@@ -26,7 +26,8 @@ const NOWHERE: usize = usize::MAX;
 type Slot = Vec<Option<(Arc<Timeout>, u64)>>;
 
 /// One scheduled timeout.
-pub(crate) struct Timeout {
+#[derive(Debug)]
+pub struct Timeout {
     /// Deadline in ns since the timer's start.
     deadline_ns: u64,
     /// The callback and who won it.
@@ -35,6 +36,7 @@ pub(crate) struct Timeout {
     position: AtomicUsize,
 }
 
+#[derive(Debug)]
 struct Shared {
     start: Instant,
     incoming: Mutex<Vec<Arc<Timeout>>>,
@@ -43,13 +45,25 @@ struct Shared {
 }
 
 /// The Netty-style timer.
-pub(crate) struct NettyTimer {
+#[derive(Debug)]
+pub struct NettyTimer {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
+impl Default for NettyTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl NettyTimer {
-    pub(crate) fn new() -> Self {
+    /// Starts the wheel's worker thread.
+    ///
+    /// # Panics
+    ///
+    /// If the thread cannot be spawned.
+    pub fn new() -> Self {
         let shared = Arc::new(Shared {
             start: Instant::now(),
             incoming: Mutex::new(Vec::new()),
@@ -67,11 +81,13 @@ impl NettyTimer {
         }
     }
 
-    pub(crate) fn schedule(
-        &self,
-        delay: Duration,
-        f: impl FnOnce() + Send + 'static,
-    ) -> Arc<Timeout> {
+    /// Runs `f` once after `delay` unless cancelled: queued for the worker's next
+    /// tick.
+    ///
+    /// # Panics
+    ///
+    /// If the queue's lock is poisoned (never: nothing panics under it).
+    pub fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> Arc<Timeout> {
         let deadline = Instant::now() + delay;
         let timeout = Arc::new(Timeout {
             deadline_ns: deadline.duration_since(self.shared.start).as_nanos() as u64,
@@ -82,7 +98,13 @@ impl NettyTimer {
         timeout
     }
 
-    pub(crate) fn cancel(&self, timeout: &Arc<Timeout>) -> bool {
+    /// Cancels `timeout`; `true` iff this call stopped it (it leaves the wheel on the
+    /// worker's next tick).
+    ///
+    /// # Panics
+    ///
+    /// If the queue's lock is poisoned (never: nothing panics under it).
+    pub fn cancel(&self, timeout: &Arc<Timeout>) -> bool {
         let won = timeout.task.cancel();
         if won {
             self.shared.cancelled.lock().unwrap().push(timeout.clone());

@@ -24,7 +24,7 @@ use tokio::runtime::{Builder, Runtime};
 
 /// Which tokio future a timer is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
+pub enum Form {
     /// `tokio::time::sleep(delay)`.
     Sleep,
     /// `tokio::time::timeout(delay, request)` around a request that never completes.
@@ -32,14 +32,15 @@ pub(crate) enum Form {
 }
 
 /// The tokio peer: a multi-thread runtime with one worker per core.
-pub(crate) struct TokioTimer {
+#[derive(Debug)]
+pub struct TokioTimer {
     runtime: Runtime,
     form: Form,
 }
 
 /// A registered timer: the boxed future, dropped to cancel. `Cell` so that `cancel`
 /// can take it through `&`, as the other peers' handles are used.
-pub(crate) type TokioHandle = Cell<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>;
+pub type TokioHandle = Cell<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>;
 
 /// The waker a timer registers: runs the callback once.
 struct RunOnWake(Mutex<Option<Box<dyn FnOnce() + Send>>>);
@@ -58,7 +59,12 @@ impl Wake for RunOnWake {
 }
 
 impl TokioTimer {
-    pub(crate) fn new(form: Form) -> Self {
+    /// A runtime with one worker per core, whose timers take the shape `form`.
+    ///
+    /// # Panics
+    ///
+    /// If the runtime cannot be built.
+    pub fn new(form: Form) -> Self {
         let workers = std::thread::available_parallelism().map_or(2, usize::from);
         let runtime = Builder::new_multi_thread()
             .worker_threads(workers)
@@ -69,11 +75,9 @@ impl TokioTimer {
         TokioTimer { runtime, form }
     }
 
-    pub(crate) fn schedule(
-        &self,
-        delay: Duration,
-        f: impl FnOnce() + Send + 'static,
-    ) -> TokioHandle {
+    /// Registers a timer that runs `f` once after `delay`, as a user's `sleep` or
+    /// `timeout` future registers it on its first poll.
+    pub fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> TokioHandle {
         let _context = self.runtime.enter();
         let mut future: Pin<Box<dyn Future<Output = ()> + Send>> = match self.form {
             Form::Sleep => Box::pin(tokio::time::sleep(delay)),
@@ -91,7 +95,8 @@ impl TokioTimer {
         Cell::new(Some(future))
     }
 
-    pub(crate) fn cancel(&self, handle: &TokioHandle) -> bool {
+    /// Drops the future (tokio's cancel); `true` iff it was still registered.
+    pub fn cancel(&self, handle: &TokioHandle) -> bool {
         // Dropping deregisters the timer; true iff it was still registered (a fired
         // timer's future is also dropped here, as a user's would be).
         handle.take().is_some()

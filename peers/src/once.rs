@@ -9,15 +9,24 @@ const FIRED: u8 = 1;
 const CANCELLED: u8 = 2;
 
 /// A scheduled callback: exactly one of `cancel` and `fire` wins.
-pub(crate) struct OnceTask {
+pub struct OnceTask {
     /// `PENDING`, `FIRED` or `CANCELLED`.
     state: AtomicU8,
     /// The callback, until the winner takes it.
     callback: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
+impl std::fmt::Debug for OnceTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnceTask")
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 impl OnceTask {
-    pub(crate) fn new(f: impl FnOnce() + Send + 'static) -> Self {
+    /// A pending task that will run `f`.
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Self {
         OnceTask {
             state: AtomicU8::new(PENDING),
             callback: Mutex::new(Some(Box::new(f))),
@@ -25,12 +34,12 @@ impl OnceTask {
     }
 
     /// Whether neither `cancel` nor `fire` has won yet.
-    pub(crate) fn is_pending(&self) -> bool {
+    pub fn is_pending(&self) -> bool {
         self.state.load(Ordering::Acquire) == PENDING
     }
 
     /// Pending → Cancelled; the winner drops the callback. Returns whether it won.
-    pub(crate) fn cancel(&self) -> bool {
+    pub fn cancel(&self) -> bool {
         let won = self.win(CANCELLED);
         if won {
             drop(self.callback.lock().unwrap().take());
@@ -39,7 +48,7 @@ impl OnceTask {
     }
 
     /// Pending → Fired; the winner runs the callback on this thread.
-    pub(crate) fn fire(&self) {
+    pub fn fire(&self) {
         if self.win(FIRED) {
             let callback = self.callback.lock().unwrap().take();
             if let Some(callback) = callback {

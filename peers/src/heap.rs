@@ -51,13 +51,30 @@ struct Shared {
 }
 
 /// The heap timer.
-pub(crate) struct HeapTimer {
+pub struct HeapTimer {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
+impl Default for HeapTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for HeapTimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapTimer").finish_non_exhaustive()
+    }
+}
+
 impl HeapTimer {
-    pub(crate) fn new() -> Self {
+    /// Starts the timer thread.
+    ///
+    /// # Panics
+    ///
+    /// If the thread cannot be spawned.
+    pub fn new() -> Self {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 heap: BinaryHeap::new(),
@@ -77,11 +94,13 @@ impl HeapTimer {
         }
     }
 
-    pub(crate) fn schedule(
-        &self,
-        delay: Duration,
-        f: impl FnOnce() + Send + 'static,
-    ) -> Arc<OnceTask> {
+    /// Runs `f` once after `delay` unless cancelled.
+    ///
+    /// # Panics
+    ///
+    /// If the lock is poisoned (a callback panicked under it: never, callbacks run
+    /// outside it).
+    pub fn schedule(&self, delay: Duration, f: impl FnOnce() + Send + 'static) -> Arc<OnceTask> {
         let task = Arc::new(OnceTask::new(f));
         let deadline = Instant::now() + delay;
         let mut state = self.shared.state.lock().unwrap();
@@ -103,7 +122,8 @@ impl HeapTimer {
         task
     }
 
-    pub(crate) fn cancel(&self, task: &OnceTask) -> bool {
+    /// Cancels `task`; `true` iff this call stopped it.
+    pub fn cancel(&self, task: &OnceTask) -> bool {
         task.cancel()
     }
 }
