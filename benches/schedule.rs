@@ -1,4 +1,4 @@
-//! Timers scheduled per second, side by side with the peers (`benches/peers/`), from 1,
+//! Timers scheduled per second, side by side with the peers (the `peers/` crate), from 1,
 //! 2 and 4 producer threads with 1e3, 1e6 and 1e7 timers already pending.
 //!
 //! Measured: one `schedule` of a no-op callback with a delay in 1 s..60 s, handle

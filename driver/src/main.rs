@@ -15,22 +15,11 @@
 //! 30 s timeout runs in 300 ms.
 
 mod alloc;
-mod asynchronous;
-mod backpressure;
-mod burst;
-mod compare;
-mod delayed;
-mod heartbeat;
-mod keepalive;
-mod plot;
+mod modes;
 mod report;
-mod rpc;
-mod soak;
-mod stall;
-mod steady;
-mod sweep;
 mod system;
 mod tracker;
+mod workloads;
 
 use std::time::{Duration, Instant};
 
@@ -39,7 +28,11 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sharded_timer::ShardedTimer;
 use sharded_timer_peers as peers;
 
+use modes::{compare, plot, soak, sweep};
 use report::{IdleReport, Machine, RunReport};
+use workloads::{
+    asynchronous, backpressure, burst, delayed, heartbeat, keepalive, rpc, stall, steady,
+};
 
 #[global_allocator]
 static GLOBAL: alloc::CountingAllocator = alloc::CountingAllocator;

@@ -7,7 +7,7 @@
 use serde::Serialize;
 use sharded_timer::ShardedTimer;
 
-use crate::compare::schedule_rate_on;
+use crate::modes::compare::schedule_rate_on;
 use crate::peers::{Kind, Peer};
 use crate::report::median_by;
 

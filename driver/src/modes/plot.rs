@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 
-use crate::compare::CompareReport;
-use crate::soak::SoakReport;
-use crate::sweep::SweepRow;
+use crate::modes::compare::CompareReport;
+use crate::modes::soak::SoakReport;
+use crate::modes::sweep::SweepRow;
 
 /// Chart size, pixels.
 const SIZE: (u32, u32) = (960, 600);
