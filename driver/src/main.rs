@@ -28,7 +28,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sharded_timer::ShardedTimer;
 use sharded_timer_peers as peers;
 
-use modes::{compare, plot, soak, sweep};
+use modes::{compare, plot, soak, sweep, timeouts};
 use report::{IdleReport, Machine, RunReport};
 use workloads::{
     asynchronous, backpressure, burst, delayed, heartbeat, keepalive, rpc, stall, steady,
@@ -104,7 +104,7 @@ struct Args {
     /// --compare: peers to run, by name, comma-separated [default: all]
     #[arg(long, value_delimiter = ',', value_parser = [
         "sharded-timer", "sharded-unpinned", "sharded-inline", "sharded-spawn",
-        "tokio", "tokio-timeout", "heap", "netty-style",
+        "tokio", "tokio-timeout", "heap", "netty-style", "pingora",
     ])]
     peers: Vec<String>,
     /// --compare, --sweep and --soak: write SVG charts of the run into this directory
@@ -392,14 +392,22 @@ fn main() {
         if !quiet {
             println!("sharded-timer --compare {machine}");
         }
-        let report = compare::run(args.rounds, &args.peers, quiet);
-        failed |= report.early() > 0;
-        if let Some(dir) = &args.plot {
-            failed |= !charts(plot::compare(&report, dir), quiet);
+        // The timer peers (all but pingora, which has only the async section).
+        if args.peers.is_empty() || args.peers.iter().any(|peer| peer != "pingora") {
+            let report = compare::run(args.rounds, &args.peers, quiet);
+            failed |= report.early() > 0;
+            if let Some(dir) = &args.plot {
+                failed |= !charts(plot::compare(&report, dir), quiet);
+            }
+            extra.insert(
+                "compare".into(),
+                serde_json::to_value(&report).expect("serialises"),
+            );
         }
+        let rows = timeouts::run(args.rounds, &args.peers, quiet);
         extra.insert(
-            "compare".into(),
-            serde_json::to_value(&report).expect("serialises"),
+            "timeouts".into(),
+            serde_json::to_value(&rows).expect("serialises"),
         );
     }
     if !args.sweep.is_empty() {

@@ -1,4 +1,5 @@
 //! The modes beside the workloads: `--compare` (sharded-timer beside its peers),
+//! its async section (`timeouts`: tokio's, pingora's and ours inside tokio tasks),
 //! `--sweep` (scaling with producer threads), `--soak` (flat memory over a long run),
 //! and `--plot`, which draws the three.
 
@@ -6,3 +7,4 @@ pub(crate) mod compare;
 pub(crate) mod plot;
 pub(crate) mod soak;
 pub(crate) mod sweep;
+pub(crate) mod timeouts;
