@@ -405,6 +405,9 @@ fn main() {
             );
         }
         let rows = timeouts::run(args.rounds, &args.peers, quiet);
+        if let Some(dir) = &args.plot {
+            failed |= !charts(plot::timeouts(&rows, dir), quiet);
+        }
         extra.insert(
             "timeouts".into(),
             serde_json::to_value(&rows).expect("serialises"),

@@ -6,6 +6,7 @@
 //! | `--compare` | `compare-ratios.svg` | sharded-timer's rate ÷ each peer's, per workload (right of 1 is ahead) |
 //! | `--compare` | `compare-cpu.svg` | CPU ns per operation, per workload and peer |
 //! | `--compare` | `compare-lateness.svg` | rpc: lateness p50, p99, p99.9 and max of the timeouts that fire, per peer |
+//! | `--compare` | `timeouts.svg` | async timeouts inside tokio tasks, M/s, per shape and peer |
 //! | `--sweep` | `sweep-rate.svg` | schedule and schedule+cancel M/s against producer threads |
 //! | `--soak` | `soak-memory.svg` | allocated bytes and RSS over the soak |
 
@@ -19,6 +20,7 @@ use plotters::prelude::*;
 use crate::modes::compare::CompareReport;
 use crate::modes::soak::SoakReport;
 use crate::modes::sweep::SweepRow;
+use crate::modes::timeouts::TimeoutRow;
 
 /// Chart size, pixels.
 const SIZE: (u32, u32) = (960, 600);
@@ -43,7 +45,9 @@ fn failed(path: &Path) -> impl Fn(Box<dyn std::error::Error>) -> String + '_ {
     move |error| format!("--plot: drawing {}: {error}", path.display())
 }
 
-/// Horizontal bars, one per label, grouped by colour index; a rule at `rule` if given.
+/// Horizontal bars, one per label, coloured by group. With a `rule` (ratios), the x
+/// axis is logarithmic and each bar runs from the rule to its value: right of it is
+/// ahead, left behind, and a 12× lead does not flatten a 0.8× lag.
 fn bars(
     path: &Path,
     title: &str,
@@ -52,51 +56,64 @@ fn bars(
     rule: Option<f64>,
 ) -> Result<(), String> {
     let err = failed(path);
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    let height = SIZE.1.max(80 + 18 * rows.len() as u32);
+    let root = SVGBackend::new(path, (SIZE.0, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.into()))?;
-    let max = rows
+    let values = rows
         .iter()
         .map(|row| row.1)
-        .fold(rule.unwrap_or(0.0), f64::max)
-        .max(f64::MIN_POSITIVE)
-        * 1.1;
+        .filter(|v| v.is_finite() && *v > 0.0);
+    let (low, high) = values.fold(
+        (rule.unwrap_or(1.0), rule.unwrap_or(0.0)),
+        |(low, high), v| (low.min(v), high.max(v)),
+    );
     let count = rows.len() as u32;
-    let mut chart = ChartBuilder::on(&root)
+    let mut builder = ChartBuilder::on(&root);
+    builder
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(260)
-        .build_cartesian_2d(0.0..max, (0u32..count).into_segmented())
-        .map_err(|e| err(e.into()))?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .x_desc(x_label)
-        .y_labels(rows.len())
-        .y_label_formatter(&|value| match value {
-            SegmentValue::CenterOf(index) => rows
-                .get(*index as usize)
-                .map(|row| row.0.clone())
-                .unwrap_or_default(),
-            _ => String::new(),
-        })
-        .draw()
-        .map_err(|e| err(e.into()))?;
-    chart
-        .draw_series(rows.iter().enumerate().map(|(index, (_, value, group))| {
-            let index = index as u32;
-            let mut bar = Rectangle::new(
-                [
-                    (0.0, SegmentValue::Exact(index)),
-                    (*value, SegmentValue::Exact(index + 1)),
-                ],
-                colour(*group).filled(),
-            );
-            bar.set_margin(2, 2, 0, 0);
-            bar
-        }))
-        .map_err(|e| err(e.into()))?;
+        .y_label_area_size(280);
+    let y = (0u32..count).into_segmented();
+    let label = |value: &SegmentValue<u32>| match value {
+        SegmentValue::CenterOf(index) => rows
+            .get(*index as usize)
+            .map(|row| row.0.clone())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    let bar = |index: usize, value: f64, group: usize, from: f64| {
+        let index = index as u32;
+        let mut bar = Rectangle::new(
+            [
+                (from, SegmentValue::Exact(index)),
+                (value, SegmentValue::Exact(index + 1)),
+            ],
+            colour(group).filled(),
+        );
+        bar.set_margin(2, 2, 0, 0);
+        bar
+    };
     if let Some(rule) = rule {
+        let mut chart = builder
+            .build_cartesian_2d((low * 0.8..high * 1.25).log_scale(), y)
+            .map_err(|e| err(e.into()))?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .x_desc(x_label)
+            .x_label_formatter(&|x| format!("{x:.2}×"))
+            .y_labels(rows.len())
+            .y_label_formatter(&label)
+            .draw()
+            .map_err(|e| err(e.into()))?;
+        chart
+            .draw_series(
+                rows.iter()
+                    .enumerate()
+                    .map(|(index, (_, value, group))| bar(index, *value, *group, rule)),
+            )
+            .map_err(|e| err(e.into()))?;
         chart
             .draw_series(LineSeries::new(
                 [
@@ -106,7 +123,27 @@ fn bars(
                 BLACK.stroke_width(2),
             ))
             .map_err(|e| err(e.into()))?;
+        root.present().map_err(|e| err(e.into()))?;
+        return Ok(());
     }
+    let mut chart = builder
+        .build_cartesian_2d(0.0..high.max(f64::MIN_POSITIVE) * 1.1, y)
+        .map_err(|e| err(e.into()))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .x_desc(x_label)
+        .y_labels(rows.len())
+        .y_label_formatter(&label)
+        .draw()
+        .map_err(|e| err(e.into()))?;
+    chart
+        .draw_series(
+            rows.iter()
+                .enumerate()
+                .map(|(index, (_, value, group))| bar(index, *value, *group, 0.0)),
+        )
+        .map_err(|e| err(e.into()))?;
     root.present().map_err(|e| err(e.into()))?;
     Ok(())
 }
@@ -242,7 +279,15 @@ fn file(dir: &Path, name: &str) -> Result<PathBuf, String> {
 ///
 /// A message naming the file that could not be written.
 pub(crate) fn compare(report: &CompareReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let peers: Vec<&str> = report.rpc.iter().map(|row| row.peer).collect();
+    // Ours and the outside peers: sharded-timer's other configurations are in the
+    // table, not in the charts, which they would crowd.
+    let ours = report.rpc.first().map_or("sharded-timer", |row| row.peer);
+    let peers: Vec<&str> = report
+        .rpc
+        .iter()
+        .map(|row| row.peer)
+        .filter(|peer| *peer == ours || !peer.starts_with("sharded-"))
+        .collect();
     let peer_index = |name: &str| peers.iter().position(|p| *p == name).unwrap_or(0);
     // Rates per workload: (workload label, peer, rate, CPU ns).
     let mut figures: Vec<(String, &str, f64, f64)> = Vec::new();
@@ -272,7 +317,6 @@ pub(crate) fn compare(report: &CompareReport, dir: &Path) -> Result<Vec<PathBuf>
             ));
         }
     }
-    let ours = peers.first().copied().unwrap_or("sharded-timer");
     let mut ratios = Vec::new();
     let mut cpu = Vec::new();
     let mut workloads: Vec<&String> = Vec::new();
@@ -328,6 +372,7 @@ pub(crate) fn compare(report: &CompareReport, dir: &Path) -> Result<Vec<PathBuf>
     let lateness: Vec<(String, Vec<(f64, f64)>)> = report
         .rpc
         .iter()
+        .filter(|row| peers.contains(&row.peer))
         .map(|row| {
             let points = row
                 .lateness
@@ -349,6 +394,35 @@ pub(crate) fn compare(report: &CompareReport, dir: &Path) -> Result<Vec<PathBuf>
     )?;
     written.push(path);
     Ok(written)
+}
+
+/// The `--compare` async section's chart.
+///
+/// # Errors
+///
+/// A message naming the file that could not be written.
+pub(crate) fn timeouts(rows: &[TimeoutRow], dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut bars_of = Vec::new();
+    for (shape, pick) in [
+        (
+            "pending once",
+            (|row: &TimeoutRow| row.pending_once.0) as fn(&TimeoutRow) -> f64,
+        ),
+        ("ready at once", |row: &TimeoutRow| row.ready.0),
+    ] {
+        for (index, row) in rows.iter().enumerate() {
+            bars_of.push((format!("{shape}: {}", row.peer), pick(row) / 1e6, index));
+        }
+    }
+    let path = file(dir, "timeouts.svg")?;
+    bars(
+        &path,
+        "timeout(1 s, f) inside tokio tasks: M timeouts/s (higher is better)",
+        "M timeouts/s",
+        &bars_of,
+        None,
+    )?;
+    Ok(vec![path])
 }
 
 /// The `--sweep` chart.
