@@ -25,8 +25,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use sharded_timer::wheel::TimingWheel;
 
-#[path = "../driver/src/alloc.rs"]
-mod alloc;
+use sharded_timer_peers::alloc;
 
 #[global_allocator]
 static GLOBAL: alloc::CountingAllocator = alloc::CountingAllocator;

@@ -14,7 +14,6 @@
 //! status 1 if any check fails. `--time-scale` compresses time: at the default 100, a
 //! 30 s timeout runs in 300 ms.
 
-mod alloc;
 mod modes;
 mod report;
 mod system;
@@ -27,6 +26,7 @@ use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use sharded_timer::ShardedTimer;
 use sharded_timer_peers as peers;
+use sharded_timer_peers::alloc;
 
 use modes::{compare, plot, soak, sweep, timeouts};
 use report::{IdleReport, Machine, RunReport};

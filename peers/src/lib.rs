@@ -1,8 +1,11 @@
 //! The timers sharded-timer is compared with, side by side in one process: tokio's
 //! timer, a `Mutex<BinaryHeap>` timer thread (java.util.Timer), a `Mutex`-guarded
 //! single hashed wheel with rounds (Netty's HashedWheelTimer), and sharded-timer
-//! itself, pinned and unpinned. Every comparing bench uses these, through [`Peer`].
+//! itself, pinned and unpinned. Every comparing bench uses these, through [`Peer`];
+//! and [`alloc::CountingAllocator`], the counting global allocator that the driver's
+//! and the benches' "bytes per pending timer" read.
 
+pub mod alloc;
 mod heap;
 mod netty;
 mod once;

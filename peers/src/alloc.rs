@@ -5,13 +5,14 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Wraps the system allocator and counts live bytes.
-pub(crate) struct CountingAllocator;
+#[derive(Debug)]
+pub struct CountingAllocator;
 
 /// Bytes currently allocated (requested sizes, not allocator chunks).
 static ALLOCATED: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes currently allocated by the whole process.
-pub(crate) fn allocated() -> usize {
+pub fn allocated() -> usize {
     // ORDERING: Relaxed: a statistic sampled between phases.
     ALLOCATED.load(Ordering::Relaxed)
 }
