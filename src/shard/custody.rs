@@ -102,3 +102,51 @@ impl Drop for Release<'_> {
         self.0.store(false, Ordering::Release);
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Custody;
+    use std::sync::Arc;
+
+    #[test]
+    fn holders_take_turns_and_see_each_others_writes() {
+        let custody = Arc::new(Custody::new(Vec::<u32>::new()));
+        let threads: Vec<_> = (0..3u32)
+            .map(|thread| {
+                let custody = custody.clone();
+                std::thread::spawn(move || {
+                    for round in 0..50u32 {
+                        custody.with(|log| log.push(thread * 1_000 + round));
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let mut log = custody.with(std::mem::take);
+        assert_eq!(log.len(), 150, "no push lost to a racing holder");
+        log.sort_unstable();
+        log.dedup();
+        assert_eq!(log.len(), 150);
+    }
+
+    #[test]
+    fn try_with_refuses_while_held_and_the_token_comes_back_after_a_panic() {
+        let custody = Custody::new(0u32);
+        let inner = custody.with(|value| {
+            *value += 1;
+            custody.try_with(|value| *value += 1)
+        });
+        assert_eq!(inner, None, "held: a second holder is refused at once");
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            custody.with(|_| panic!("a holder that panics"));
+        }));
+        assert!(caught.is_err());
+        assert_eq!(
+            custody.try_with(|value| *value),
+            Some(1),
+            "given back on unwind"
+        );
+    }
+}
