@@ -186,82 +186,60 @@ fn lines(
     } else {
         x_names.len()
     };
-    let mut builder = ChartBuilder::on(&root);
-    builder
+    // A log scale is drawn as log10 of the values on a linear axis, labelled back in
+    // the values' units: one drawing path for both.
+    let y_of = |y: f64| if log_y { y.max(1.0).log10() } else { y };
+    let y_range = if log_y {
+        0.0..y_of(y_max) + 0.3
+    } else {
+        0.0..y_max * 1.1
+    };
+    let y_format = |y: &f64| -> String {
+        if log_y {
+            format!("{:.0}", 10f64.powf(*y))
+        } else {
+            format!("{y}")
+        }
+    };
+    let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(70);
-    if log_y {
-        let mut chart = builder
-            .build_cartesian_2d(x_range, (1.0..y_max * 2.0).log_scale())
-            .map_err(|e| err(e.into()))?;
+        .y_label_area_size(70)
+        .build_cartesian_2d(x_range, y_range)
+        .map_err(|e| err(e.into()))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_labels(x_labels)
+        .x_label_formatter(&x_format)
+        .y_label_formatter(&y_format)
+        .draw()
+        .map_err(|e| err(e.into()))?;
+    for (index, (name, points)) in series.iter().enumerate() {
+        let style = colour(index).stroke_width(2);
+        let points: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x, y_of(y))).collect();
         chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .y_desc(y_label)
-            .x_labels(x_labels)
-            .x_label_formatter(&x_format)
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()
-            .map_err(|e| err(e.into()))?;
-        for (index, (name, points)) in series.iter().enumerate() {
-            let style = colour(index).stroke_width(2);
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), style))
-                .map_err(|e| err(e.into()))?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
-            chart
-                .draw_series(
-                    points
-                        .iter()
-                        .map(|&point| Circle::new(point, 3, colour(index).filled())),
-                )
-                .map_err(|e| err(e.into()))?;
-        }
+            .draw_series(LineSeries::new(points.iter().copied(), style))
+            .map_err(|e| err(e.into()))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
         chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
-            .map_err(|e| err(e.into()))?;
-    } else {
-        let mut chart = builder
-            .build_cartesian_2d(x_range, 0.0..y_max * 1.1)
-            .map_err(|e| err(e.into()))?;
-        chart
-            .configure_mesh()
-            .x_desc(x_label)
-            .y_desc(y_label)
-            .x_labels(x_labels)
-            .x_label_formatter(&x_format)
-            .draw()
-            .map_err(|e| err(e.into()))?;
-        for (index, (name, points)) in series.iter().enumerate() {
-            let style = colour(index).stroke_width(2);
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), style))
-                .map_err(|e| err(e.into()))?
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
-            chart
-                .draw_series(
-                    points
-                        .iter()
-                        .map(|&point| Circle::new(point, 3, colour(index).filled())),
-                )
-                .map_err(|e| err(e.into()))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()
+            .draw_series(
+                points
+                    .iter()
+                    .map(|&point| Circle::new(point, 3, colour(index).filled())),
+            )
             .map_err(|e| err(e.into()))?;
     }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| err(e.into()))?;
     root.present().map_err(|e| err(e.into()))?;
     Ok(())
 }
