@@ -518,9 +518,11 @@ impl ShardThread {
                 answered = turn.round;
             }
             if shared.is_stopping() {
-                break take_own_core()
-                    .map(|mut core| core.shut_down())
-                    .unwrap_or_default();
+                let core = take_own_core();
+                // A rescuer's turn may have fired onto our queue since we emptied it;
+                // with the core taken nothing more comes: dispatch it, then shut down.
+                dispatch_rest_here();
+                break core.map(|mut core| core.shut_down()).unwrap_or_default();
             }
             if let Some(watch) = &mut watch {
                 watch.check(Instant::now());
