@@ -9,7 +9,10 @@
 //! pending timers (the heap peer also keeps cancelled tasks until their deadline, as
 //! java.util.Timer does). Tick: 1 ms.
 //!
-//! Run: `cargo bench --bench cancel`.
+//! Also `schedule_cancel-cpu`: the process's CPU time (every thread) per pair, 1e6
+//! pending.
+//!
+//! Run: `cargo bench --bench cancel` (`-- schedule_cancel-cpu` for the CPU group alone).
 
 #![allow(
     missing_docs,
@@ -31,9 +34,22 @@ fn schedule_cancel(c: &mut Criterion) {
     });
 }
 
+/// The same sweep, CPU ns (every thread) per pair: `schedule_cancel-cpu`.
+fn schedule_cancel_cpu(c: &mut Criterion<peers::ProcessCpu>) {
+    harness::sweep_cpu(c, "schedule_cancel", |peer, i| {
+        let handle = peer.schedule(spread_delay(i), || {});
+        black_box(peer.cancel(&handle));
+    });
+}
+
 criterion_group! {
     name = benches;
     config = harness::criterion_config();
     targets = schedule_cancel
 }
-criterion_main!(benches);
+criterion_group! {
+    name = cpu;
+    config = harness::cpu_config();
+    targets = schedule_cancel_cpu
+}
+criterion_main!(benches, cpu);

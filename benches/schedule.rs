@@ -7,7 +7,11 @@
 //! a long run sees some fire). Resident set: the pending timers plus what the bench
 //! adds. Tick: 1 ms for every peer.
 //!
-//! Run: `cargo bench --bench schedule`.
+//! Also `schedule-cpu`: the process's CPU time (every thread: producers, shards,
+//! workers) per schedule, 1e6 pending, the figure that counts on a machine with fewer
+//! cores than threads.
+//!
+//! Run: `cargo bench --bench schedule` (`-- schedule-cpu` for the CPU group alone).
 
 #![allow(
     missing_docs,
@@ -28,9 +32,21 @@ fn schedule(c: &mut Criterion) {
     });
 }
 
+/// The same sweep, CPU ns (every thread) per schedule: `schedule-cpu`.
+fn schedule_cpu(c: &mut Criterion<peers::ProcessCpu>) {
+    harness::sweep_cpu(c, "schedule", |peer, i| {
+        black_box(peer.schedule(spread_delay(i), || {}));
+    });
+}
+
 criterion_group! {
     name = benches;
     config = harness::criterion_config();
     targets = schedule
 }
-criterion_main!(benches);
+criterion_group! {
+    name = cpu;
+    config = harness::cpu_config();
+    targets = schedule_cpu
+}
+criterion_main!(benches, cpu);

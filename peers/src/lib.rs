@@ -235,9 +235,39 @@ const MIN_PER_THREAD: u64 = 10_000;
 /// Times `iters` calls of `op` spread over `threads` threads running at once: runs at
 /// least [`MIN_PER_THREAD`] per thread and scales the wall time to `iters` calls.
 pub fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
+    let start = std::cell::Cell::new(None);
+    measured_on_threads(threads, iters, op, || match start.take() {
+        None => {
+            start.set(Some(std::time::Instant::now()));
+            Duration::ZERO
+        }
+        Some(start) => start.elapsed(),
+    })
+}
+
+/// As [`on_threads`], but the process's CPU time (every thread: the producers, and
+/// the shards and workers that take their timers in) over the same window, scaled to
+/// `iters` calls: what [`ProcessCpu`] measures.
+pub fn cpu_on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
+    measured_on_threads(threads, iters, op, process_cpu)
+}
+
+/// The process's CPU time so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`).
+fn process_cpu() -> Duration {
+    cpu_time::ProcessTime::try_now().map_or(Duration::ZERO, |time| time.as_duration())
+}
+
+/// Runs `op` as [`on_threads`] says; `read` is called once when every thread is ready
+/// and once when every thread is done, and the difference is scaled to `iters` calls.
+fn measured_on_threads(
+    threads: usize,
+    iters: u64,
+    op: impl Fn(u64) + Sync,
+    mut read: impl FnMut() -> Duration,
+) -> Duration {
     let per_thread = iters.div_ceil(threads as u64).max(MIN_PER_THREAD);
     let barrier = std::sync::Barrier::new(threads + 1);
-    let elapsed = std::thread::scope(|scope| {
+    let measured = std::thread::scope(|scope| {
         for t in 0..threads {
             let (barrier, op) = (&barrier, &op);
             scope.spawn(move || {
@@ -250,9 +280,61 @@ pub fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Durati
             });
         }
         barrier.wait();
-        let start = std::time::Instant::now();
+        let start = read();
         barrier.wait();
-        start.elapsed()
+        read().saturating_sub(start)
     });
-    elapsed.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
+    measured.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
+}
+
+/// A criterion measurement of the process's CPU time, every thread, instead of wall
+/// time: on a machine with fewer cores than threads, the honest figure (a wall rate
+/// mostly says who got the CPU). Values are durations, shown as criterion shows time,
+/// and its throughput lines are then operations per CPU-second.
+pub struct ProcessCpu {
+    /// Lends its duration formatter.
+    wall: criterion::measurement::WallTime,
+}
+
+impl Default for ProcessCpu {
+    fn default() -> Self {
+        ProcessCpu {
+            wall: criterion::measurement::WallTime,
+        }
+    }
+}
+
+impl std::fmt::Debug for ProcessCpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProcessCpu")
+    }
+}
+
+impl criterion::measurement::Measurement for ProcessCpu {
+    type Intermediate = Duration;
+    type Value = Duration;
+
+    fn start(&self) -> Duration {
+        process_cpu()
+    }
+
+    fn end(&self, start: Duration) -> Duration {
+        process_cpu().saturating_sub(start)
+    }
+
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn to_f64(&self, value: &Duration) -> f64 {
+        value.as_nanos() as f64
+    }
+
+    fn formatter(&self) -> &dyn criterion::measurement::ValueFormatter {
+        self.wall.formatter()
+    }
 }
