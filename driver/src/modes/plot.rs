@@ -68,13 +68,21 @@ fn bars(
         |(low, high), v| (low.min(v), high.max(v)),
     );
     let count = rows.len() as u32;
-    let mut builder = ChartBuilder::on(&root);
-    builder
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(280);
-    let y = (0u32..count).into_segmented();
+    // With a rule, the log scale is drawn as log10 of the values on a linear axis,
+    // labelled back in ratios (as `lines` does): one drawing path for both kinds.
+    let x_of = |x: f64| if rule.is_some() { x.log10() } else { x };
+    let x_range = match rule {
+        Some(_) => x_of(low * 0.8)..x_of(high * 1.25),
+        None => 0.0..high.max(f64::MIN_POSITIVE) * 1.1,
+    };
+    let from = rule.map_or(0.0, x_of);
+    let x_format = |x: &f64| -> String {
+        if rule.is_some() {
+            format!("{:.2}×", 10f64.powf(*x))
+        } else {
+            format!("{x}")
+        }
+    };
     let label = |value: &SegmentValue<u32>| match value {
         SegmentValue::CenterOf(index) => rows
             .get(*index as usize)
@@ -82,68 +90,47 @@ fn bars(
             .unwrap_or_default(),
         _ => String::new(),
     };
-    let bar = |index: usize, value: f64, group: usize, from: f64| {
-        let index = index as u32;
-        let mut bar = Rectangle::new(
-            [
-                (from, SegmentValue::Exact(index)),
-                (value, SegmentValue::Exact(index + 1)),
-            ],
-            colour(group).filled(),
-        );
-        bar.set_margin(2, 2, 0, 0);
-        bar
-    };
-    if let Some(rule) = rule {
-        let mut chart = builder
-            .build_cartesian_2d((low * 0.8..high * 1.25).log_scale(), y)
-            .map_err(|e| err(e.into()))?;
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .x_desc(x_label)
-            .x_label_formatter(&|x| format!("{x:.2}×"))
-            .y_labels(rows.len())
-            .y_label_formatter(&label)
-            .draw()
-            .map_err(|e| err(e.into()))?;
-        chart
-            .draw_series(
-                rows.iter()
-                    .enumerate()
-                    .map(|(index, (_, value, group))| bar(index, *value, *group, rule)),
-            )
-            .map_err(|e| err(e.into()))?;
-        chart
-            .draw_series(LineSeries::new(
-                [
-                    (rule, SegmentValue::Exact(0)),
-                    (rule, SegmentValue::Exact(count)),
-                ],
-                BLACK.stroke_width(2),
-            ))
-            .map_err(|e| err(e.into()))?;
-        root.present().map_err(|e| err(e.into()))?;
-        return Ok(());
-    }
-    let mut chart = builder
-        .build_cartesian_2d(0.0..high.max(f64::MIN_POSITIVE) * 1.1, y)
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(280)
+        .build_cartesian_2d(x_range, (0u32..count).into_segmented())
         .map_err(|e| err(e.into()))?;
     chart
         .configure_mesh()
         .disable_y_mesh()
         .x_desc(x_label)
+        .x_label_formatter(&x_format)
         .y_labels(rows.len())
         .y_label_formatter(&label)
         .draw()
         .map_err(|e| err(e.into()))?;
     chart
-        .draw_series(
-            rows.iter()
-                .enumerate()
-                .map(|(index, (_, value, group))| bar(index, *value, *group, 0.0)),
-        )
+        .draw_series(rows.iter().enumerate().map(|(index, (_, value, group))| {
+            let index = index as u32;
+            let mut bar = Rectangle::new(
+                [
+                    (from, SegmentValue::Exact(index)),
+                    (x_of(*value), SegmentValue::Exact(index + 1)),
+                ],
+                colour(*group).filled(),
+            );
+            bar.set_margin(2, 2, 0, 0);
+            bar
+        }))
         .map_err(|e| err(e.into()))?;
+    if rule.is_some() {
+        chart
+            .draw_series(LineSeries::new(
+                [
+                    (from, SegmentValue::Exact(0)),
+                    (from, SegmentValue::Exact(count)),
+                ],
+                BLACK.stroke_width(2),
+            ))
+            .map_err(|e| err(e.into()))?;
+    }
     root.present().map_err(|e| err(e.into()))?;
     Ok(())
 }
