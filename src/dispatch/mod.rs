@@ -8,7 +8,7 @@
 //! - [`Callback`] is a fired timer as a user's spawner receives it.
 //!
 //! This module names neither the shard nor the service: the shard loop imports it,
-//! never the other way round (no import cycle; see the closing note of issue 22).
+//! never the other way round (`tests/layout.rs` fails on any import cycle in `src/`).
 
 #![forbid(unsafe_code)]
 
