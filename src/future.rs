@@ -14,6 +14,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::home::CoreHome;
+use crate::timer::{Inner, SleepHome};
 use crate::{ScheduleError, ShardedTimer, TimerHandle};
 
 /// The sleep's timer has not fired.
@@ -137,8 +139,11 @@ impl Drop for FinishOnDrop {
 ///
 /// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer and
 /// wakes nobody (so a dropped `Sleep` leaves nothing pending, and a task dropping it
-/// while holding a lock its waker takes cannot deadlock). It keeps a clone of its
-/// service, so that [`reset`](Sleep::reset) can re-arm it after it completed. A
+/// while holding a lock its waker takes cannot deadlock). It keeps its service
+/// running (dropping the last `ShardedTimer` does not shut down a service a sleep
+/// waits on), so that it fires and [`reset`](Sleep::reset) can re-arm it after it
+/// completed; it does so without touching the service's shared reference count: it
+/// registers with the core it is made on, whose shard also gets its timer. A
 /// deadline at or before the service's now needs no timer: the sleep completes at its
 /// first poll.
 ///
@@ -177,8 +182,9 @@ impl Drop for FinishOnDrop {
 /// a sleep's callback is one wake, with no hand-off to a pool.
 #[must_use = "a Sleep does nothing unless polled, and dropping it cancels its timer"]
 pub struct Sleep {
-    /// The service, to (re-)arm the timer.
-    timer: ShardedTimer,
+    /// The home of the core the sleep was made on: keeps the service alive and
+    /// (re-)arms the timer on that core's shard.
+    home: SleepHome,
     /// The deadline asked for.
     deadline: Instant,
     /// The timer, once armed: at creation, or on the first poll for a `Timeout`'s.
@@ -200,8 +206,8 @@ impl Armed {
     /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
     /// the service's now needs no timer: the sleep is elapsed at once (DESIGN.md
     /// guarantee 8). A refusal completes it at once, with the reason in `refused`.
-    fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Armed {
-        if deadline <= timer.now() {
+    fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
+        if deadline <= home.now() {
             return Armed {
                 shared: Arc::new(Shared::elapsed()),
                 handle: None,
@@ -212,7 +218,7 @@ impl Armed {
         let guard = FinishOnDrop(shared.clone());
         // If the service refuses the timer, the callback and its guard are dropped,
         // which finishes the sleep as abandoned.
-        let scheduled = timer.schedule_sleep(deadline, holds_room, move || {
+        let scheduled = home.schedule_sleep(deadline, holds_room, move || {
             guard.0.finish(ELAPSED);
         });
         let (handle, refused) = match scheduled {
@@ -241,9 +247,10 @@ impl Sleep {
     /// A sleep until `deadline` on `timer`, its timer scheduled now; bounded by
     /// `max_pending` only if `holds_room` (the `try_*` constructors).
     pub(crate) fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Sleep {
+        let home = timer.sleep_home();
         Sleep {
-            armed: Some(Armed::new(timer, deadline, holds_room)),
-            timer: timer.clone(),
+            armed: Some(Armed::new(&home, deadline, holds_room)),
+            home,
             deadline,
         }
     }
@@ -252,15 +259,20 @@ impl Sleep {
     /// (a `Timeout`'s, an `Interval`'s), so that one never polled costs no timer.
     pub(crate) fn unarmed(timer: &ShardedTimer, deadline: Instant) -> Sleep {
         Sleep {
-            timer: timer.clone(),
+            home: timer.sleep_home(),
             deadline,
             armed: None,
         }
     }
 
-    /// The service.
-    pub(crate) fn timer(&self) -> &ShardedTimer {
-        &self.timer
+    /// The service's now.
+    pub(crate) fn now(&self) -> Instant {
+        self.home.now()
+    }
+
+    /// The service's tick.
+    pub(crate) fn tick(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.home.clock().ticks().tick_ns())
     }
 
     /// Why the service could not keep this sleep's deadline: `Some` once the sleep has
@@ -322,7 +334,7 @@ impl Sleep {
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
         };
-        let moved = deadline > this.timer.now()
+        let moved = deadline > this.home.now()
             && armed.shared.outcome() == WAITING
             && armed
                 .handle
@@ -333,7 +345,7 @@ impl Sleep {
         }
         armed.disarm();
         // A deadline at or before now: elapsed at once, with no timer.
-        this.armed = Some(Armed::new(&this.timer, deadline, false));
+        this.armed = Some(Armed::new(&this.home, deadline, false));
     }
 }
 
@@ -346,7 +358,7 @@ impl Future for Sleep {
             Some(armed) => armed,
             None => this
                 .armed
-                .insert(Armed::new(&this.timer, this.deadline, false)),
+                .insert(Armed::new(&this.home, this.deadline, false)),
         };
         armed.shared.poll_finished(cx)
     }

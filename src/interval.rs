@@ -147,7 +147,7 @@ impl Interval {
     /// `Ready(due)` once the next tick is due, otherwise `Pending` with `cx`'s waker
     /// registered.
     pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
-        if self.next > self.sleep.timer().now() {
+        if self.next > self.sleep.now() {
             if self.sleep.deadline() != self.next || self.sleep.is_elapsed() {
                 Pin::new(&mut self.sleep).reset(self.next);
             }
@@ -157,10 +157,9 @@ impl Interval {
             // Elapsed: now ≥ next. Or the service shut down: complete at once.
         }
         let due = self.next;
-        let timer = self.sleep.timer();
         self.next = self
             .behavior
-            .next_after(due, timer.now(), self.period, timer.tick());
+            .next_after(due, self.sleep.now(), self.period, self.sleep.tick());
         Poll::Ready(due)
     }
 
@@ -187,12 +186,12 @@ impl Interval {
     /// Moves the next tick to now: it completes at the next poll; later ticks follow
     /// one period apart from it.
     pub fn reset_immediately(&mut self) {
-        self.next = self.sleep.timer().now();
+        self.next = self.sleep.now();
     }
 
     /// Moves the next tick to `after` from now (saturating), keeping the period.
     pub fn reset_after(&mut self, after: Duration) {
-        self.next = add_saturating(self.sleep.timer().now(), after);
+        self.next = add_saturating(self.sleep.now(), after);
     }
 
     /// Moves the next tick to `deadline` (at once if it has passed), keeping the

@@ -181,6 +181,14 @@ mod executor;
 )]
 mod future;
 mod handle;
+#[cfg_attr(
+    not(loom),
+    allow(
+        unreachable_pub,
+        reason = "items are `pub` so that `__loom` can re-export them to the models"
+    )
+)]
+mod home;
 mod id;
 mod interval;
 #[cfg_attr(
@@ -234,6 +242,7 @@ pub mod __loom {
     };
     pub use crate::executor::{Executor, Task};
     pub use crate::future::{Shared as SleepShared, ABANDONED, DISARMED, ELAPSED};
+    pub use crate::home::{user_gone, Home};
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{

@@ -10,6 +10,7 @@
 //! | [`Backoff`] | `crossbeam_utils::Backoff` | `loom::thread::yield_now` | the spin/yield schedule |
 //! | executor queues | `crossbeam_deque` | a `Mutex<VecDeque>` stand-in | crossbeam-deque's own lock-freedom (it has its own tests) |
 //! | core pinning | `core_affinity` | not called | — |
+//! | the caller's CPU ([`current_cpu`]) | `sched_getcpu` on Linux | `None` (homes picked by id block) | nothing: the CPU only picks a home |
 //! | the manual clock's lock (`clock/manual.rs`) | `Mutex::lock` | a spin on loom's `Mutex::try_lock` (loom cannot unpark a thread blocked on a mutex) | nothing of the protocol: the spin is a lock taken |
 //! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
 //! | entry allocations | `Box` | `Box` plus a `loom::alloc::Track` in each header | — (leaks are caught) |
@@ -47,6 +48,25 @@ pub(crate) mod thread {
     #[cfg(loom)]
     pub(crate) fn park_timeout(_timeout: std::time::Duration) {
         park();
+    }
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`, which glibc 2.35 and later
+/// answers from the thread's rseq area without a system call), or `None` where it is
+/// unknown: other systems, loom (a model has no CPUs) and Miri (no such call). The
+/// answer may be stale as soon as it is read (the thread may migrate): callers use it
+/// only to pick a home, never for correctness.
+pub(crate) fn current_cpu() -> Option<usize> {
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
+    {
+        // SAFETY: `sched_getcpu` takes no arguments, touches no memory of ours and
+        // has no preconditions; it returns -1 on error.
+        let cpu = unsafe { libc::sched_getcpu() };
+        usize::try_from(cpu).ok()
+    }
+    #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
+    {
+        None
     }
 }
 

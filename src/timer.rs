@@ -12,11 +12,12 @@ use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::{thread_name, Executor};
 use crate::handle::{HandleOptions, TimerHandle, Unfired};
+use crate::home::{home_index, user_gone, CoreHome, Registration};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
 use crate::shard::{dispatch_rest_here, is_own_thread, take_own_core, ShardShared, ShardThread};
 use crate::stats::{LatenessHistogram, ShardLoad, Stats};
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
 
 /// Default slots per ring.
 const DEFAULT_RING_CAPACITY: usize = 4096;
@@ -312,15 +313,30 @@ impl Builder {
                 }
             }
         }
+        let users = Arc::new(CachePadded::new(AtomicUsize::new(1)));
+        let homes = shared
+            .iter()
+            .map(|shard| {
+                Arc::new(CoreHome::new(
+                    shard.clone(),
+                    clock,
+                    time.clone(),
+                    limit.clone(),
+                    handle_options.clone(),
+                    users.clone(),
+                ))
+            })
+            .collect();
         Ok(ShardedTimer {
             inner: Arc::new(Inner {
                 #[cfg(feature = "metrics")]
                 exported: std::sync::Mutex::default(),
                 shards: shared.into_boxed_slice(),
+                homes,
+                users,
                 clock,
                 time,
                 limit,
-                handle_options,
                 stopped: AtomicBool::new(false),
                 executor,
                 callback_panics,
@@ -381,17 +397,21 @@ impl Threads {
 }
 
 /// State shared by every clone of a [`ShardedTimer`].
-struct Inner {
+pub(crate) struct Inner {
     /// The shards, indexed by `TimerId::shard_index`.
     shards: Box<[Arc<ShardShared>]>,
+    /// Each shard with what scheduling onto it needs, and the home of the sleeps made
+    /// on its core (`home.rs`); `homes[k]` schedules onto `shards[k]`.
+    homes: Box<[Arc<CoreHome<Arc<Inner>>>]>,
+    /// The `ShardedTimer` clones alive (the homes' references are not counted): when
+    /// the last goes, the homes without sleeps give up theirs (`home.rs`).
+    users: Arc<CachePadded<AtomicUsize>>,
     /// Ticks ↔ instants.
     clock: Clock,
     /// Where the service reads the time.
     time: TimeSource,
     /// The pending bound, if configured.
     limit: Option<Arc<PendingLimit>>,
-    /// What every handle keeps of the options (`None` on a default service).
-    handle_options: Option<Arc<HandleOptions>>,
     /// Set when shutdown starts; `schedule` then fails. Written Release, read Acquire.
     stopped: AtomicBool,
     /// The callback pool (no threads with inline or spawned callbacks).
@@ -491,6 +511,9 @@ impl Drop for Inner {
     }
 }
 
+/// A `Sleep`'s registration with the home of the core it was made on (`home.rs`).
+pub(crate) type SleepHome = Registration<Arc<Inner>>;
+
 /// A sharded hierarchical timing-wheel timer service.
 ///
 /// Cloning is cheap and every clone drives the same service. Dropping the last clone
@@ -510,10 +533,30 @@ impl Drop for Inner {
 /// timer.schedule(Duration::from_millis(5), move || tx.send("fired").unwrap()).unwrap();
 /// assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok("fired"));
 /// ```
-#[derive(Clone)]
 pub struct ShardedTimer {
     /// The shared service.
     inner: Arc<Inner>,
+}
+
+impl Clone for ShardedTimer {
+    fn clone(&self) -> Self {
+        // ORDERING: Relaxed: a new user is made from a live one, so the count is not
+        // 0 and cannot reach 0 before this returns; only its fall to 0 is raced.
+        self.inner.users.fetch_add(1, Ordering::Relaxed);
+        ShardedTimer {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl Drop for ShardedTimer {
+    fn drop(&mut self) {
+        // The last user: each home without sleeps gives up its reference. Our own
+        // `inner` keeps the service alive until this returns, so dropping them here
+        // never runs the shutdown; dropping `inner` afterwards may.
+        let homes = self.inner.homes.iter().map(|home| home.home());
+        drop(user_gone(&self.inner.users, homes));
+    }
 }
 
 impl ShardedTimer {
@@ -589,23 +632,11 @@ impl ShardedTimer {
         self.enqueue(deadline, true, |id| EntryRef::new(id, deadline, f))
     }
 
-    /// Schedules a `Sleep`'s callback at `deadline`: as [`schedule_at`](Self::schedule_at),
-    /// but shutdown cancels it (completing the sleep) instead of handing it back, and
-    /// only a `try_*` future's timer (`holds_room`) is bounded by `max_pending`: an
-    /// infallible future always gets its timer (DESIGN.md guarantee 9).
-    pub(crate) fn schedule_sleep<F>(
-        &self,
-        deadline: Instant,
-        holds_room: bool,
-        f: F,
-    ) -> Result<TimerHandle, ScheduleError>
-    where
-        F: FnOnce() + Send + 'static,
-    {
-        let deadline = self.inner.clock.instant_to_ns(deadline);
-        self.enqueue(deadline, holds_room, |id| {
-            EntryRef::new_sleep(id, deadline, holds_room, f)
-        })
+    /// A registration with the home of the calling thread's core, for a `Sleep`: it
+    /// keeps the service alive and schedules onto that core's shard (`home.rs`).
+    pub(crate) fn sleep_home(&self) -> SleepHome {
+        let homes = &self.inner.homes;
+        Registration::enter(&homes[home_index(homes.len())], &self.inner)
     }
 
     /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
@@ -737,36 +768,13 @@ impl ShardedTimer {
     ) -> Result<TimerHandle, ScheduleError> {
         let inner = &*self.inner;
         // ORDERING: Acquire pairs with the Release store in `shut_down`; a stale
-        // `false` is caught by the closed ring below.
+        // `false` is caught by the closed ring.
         if inner.stopped.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        let limit = inner.limit.as_ref().filter(|_| holds_room);
-        if let Some(limit) = limit {
-            if !limit.try_acquire() {
-                return Err(ScheduleError::TooManyPending {
-                    limit: limit.limit(),
-                });
-            }
-        }
         let id = TimerId::next();
-        let shard = &inner.shards[id.shard_index(inner.shards.len())];
-        let (handle_ref, service_ref) = make(id);
-        if let Err(service_ref) = shard.push_insert(service_ref, inner.clock.due_tick(deadline)) {
-            // The shard has shut down: nobody else has seen this entry; dropping both
-            // references drops the callback.
-            drop(service_ref);
-            drop(handle_ref);
-            if let Some(limit) = limit {
-                limit.release();
-            }
-            return Err(ScheduleError::Shutdown);
-        }
-        Ok(TimerHandle::new(
-            handle_ref,
-            shard,
-            inner.handle_options.clone(),
-        ))
+        let home = &inner.homes[id.shard_index(inner.homes.len())];
+        home.enqueue(id, deadline, holds_room, make)
     }
 
     /// The deadline `delay` after `start`, in nanoseconds from tick 0; [`Nanos::NEVER`]

@@ -170,3 +170,66 @@ fn under_max_pending_only_try_timeout_is_refused_and_only_shutdown_ends_a_timeou
         other => panic!("shutdown ends the timeout: {other:?}"),
     }
 }
+
+/// Sets its flag when dropped: tells when a service dropped its pending timers.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_sleep_keeps_its_service_running_after_the_last_clone_is_dropped() {
+    // A sleep registers with its core's home instead of cloning the service; the home
+    // keeps the service alive for it (src/home.rs).
+    let sleep = {
+        let timer = small_timer();
+        timer.sleep(Duration::from_millis(20))
+    };
+    let start = Instant::now();
+    let deadline = sleep.deadline();
+    let mut sleep = pin!(sleep);
+    block_on(sleep.as_mut());
+    assert!(sleep.is_elapsed(), "fired, not abandoned by a shutdown");
+    assert_eq!(sleep.refused(), None);
+    assert!(Instant::now() >= deadline, "never early");
+    assert!(start.elapsed() < WAIT, "fired within the wait bound");
+}
+
+#[test]
+fn the_service_shuts_down_when_its_last_clone_and_its_last_sleep_are_gone() {
+    for sleeps_first in [false, true] {
+        let timer = small_timer();
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = DropFlag(dropped.clone());
+        // A pending timer whose callback the shutdown drops unrun.
+        let _handle = timer
+            .schedule(Duration::from_secs(600), move || drop(flag))
+            .unwrap();
+        let sleep = timer.sleep(Duration::from_secs(600));
+        let timeout = timer.timeout(Duration::from_secs(600), std::future::pending::<()>());
+        if sleeps_first {
+            drop(sleep);
+            drop(timeout);
+            assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+            drop(timer);
+        } else {
+            drop(timer);
+            assert!(
+                !dropped.load(std::sync::atomic::Ordering::SeqCst),
+                "the sleeps keep the service running"
+            );
+            drop(sleep);
+            assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+            drop(timeout);
+        }
+        // The last of them shut the service down (synchronously: shutdown joins its
+        // threads and drops the pending callbacks before returning).
+        assert!(
+            dropped.load(std::sync::atomic::Ordering::SeqCst),
+            "shut down once the last clone and sleep are gone (sleeps first: {sleeps_first})"
+        );
+    }
+}

@@ -107,6 +107,10 @@ struct Args {
         "tokio", "tokio-timeout", "heap", "netty-style", "pingora",
     ])]
     peers: Vec<String>,
+    /// --compare: run only its async timeouts section (sharded-timer, tokio-timeout and
+    /// pingora unless --peers names fewer)
+    #[arg(long)]
+    async_only: bool,
     /// --compare, --sweep and --soak: write SVG charts of the run into this directory
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
@@ -393,7 +397,8 @@ fn main() {
             println!("sharded-timer --compare {machine}");
         }
         // The timer peers (all but pingora, which has only the async section).
-        if args.peers.is_empty() || args.peers.iter().any(|peer| peer != "pingora") {
+        let timer_peers = args.peers.is_empty() || args.peers.iter().any(|peer| peer != "pingora");
+        if timer_peers && !args.async_only {
             let report = compare::run(args.rounds, &args.peers, quiet);
             failed |= report.early() > 0;
             if let Some(dir) = &args.plot {
