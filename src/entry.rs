@@ -11,7 +11,8 @@
 //! slot vector, and no separate wheel node.
 //!
 //! One concept per file: `state.rs` the atomic state word, `repeat.rs` a repeating
-//! timer's schedule and run, `message.rs` what handles send their shard, `store.rs`
+//! timer's schedule and run, `sleep.rs` a `Sleep`'s entry (its outcome and waker in
+//! place of a callback), `message.rs` what handles send their shard, `store.rs`
 //! the shard wheel's view of entries, `winner.rs` what the winner of a transition owns.
 //!
 //! # Ground rules
@@ -52,12 +53,16 @@ use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
 mod message;
 mod repeat;
+mod sleep;
 mod state;
 mod store;
 mod winner;
 
 pub use message::{CancelPort, CancelSink, Message};
 pub use repeat::RunningEntry;
+#[cfg(loom)]
+pub use sleep::DISARMED;
+pub use sleep::{SleepShared, ABANDONED, ELAPSED, WAITING};
 use state::StateWord;
 pub use state::{Cancel, File, Snapshot};
 pub(crate) use state::{Finish, Fire};
@@ -99,7 +104,25 @@ pub(crate) struct Header {
     track: loom::alloc::Track<()>,
 }
 
-/// Functions over the concrete `Entry<F>` behind a `Header`.
+impl Header {
+    /// The header of a new entry with two references (the handle's, the service's).
+    fn new(id: TimerId, deadline: Nanos, vtable: &'static Vtable) -> Header {
+        let (id_low, id_high) = id.to_parts();
+        Header {
+            vtable,
+            deadline: AtomicU64::new(deadline.get()),
+            state: StateWord::new(2),
+            id_low,
+            position: UnsafeCell::new(0),
+            list: UnsafeCell::new(0),
+            id_high,
+            #[cfg(loom)]
+            track: loom::alloc::Track::new(()),
+        }
+    }
+}
+
+/// Functions over the concrete `Entry<F>` (or `SleepEntry`) behind a `Header`.
 struct Vtable {
     /// Runs the callback once and drops it (a repeating timer's run by `Unfired::run`).
     run: unsafe fn(NonNull<Header>),
@@ -119,6 +142,8 @@ struct Vtable {
     /// cancelled): every timer of `schedule*` and the `try_*` futures; not the timer of
     /// an infallible future (`sleep`, `timeout`, `interval`: DESIGN.md guarantee 9).
     holds_room: bool,
+    /// Whether the allocation is a `SleepEntry` (`sleep.rs`), not an `Entry<F>`.
+    sleep: bool,
 }
 
 /// The allocation: header first, so a pointer to it is a pointer to the header.
@@ -140,21 +165,7 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
         next_run: None,
         hands_back: true,
         holds_room: true,
-    };
-
-    /// The vtable of an infallible future's timer: as [`VTABLE`](Self::VTABLE), but
-    /// shutdown cancels it instead of handing it back, and it holds no room.
-    const SLEEP_VTABLE: Vtable = Vtable {
-        hands_back: false,
-        holds_room: false,
-        ..Self::VTABLE
-    };
-
-    /// The vtable of a `try_*` future's timer: as [`SLEEP_VTABLE`](Self::SLEEP_VTABLE),
-    /// but it holds room under `max_pending`, as `schedule`'s timers do.
-    const TRY_SLEEP_VTABLE: Vtable = Vtable {
-        holds_room: true,
-        ..Self::SLEEP_VTABLE
+        sleep: false,
     };
 
     /// # Safety
@@ -223,23 +234,6 @@ impl EntryRef {
         Self::allocate(id, deadline, &Entry::<F>::VTABLE, callback)
     }
 
-    /// As [`new`](Self::new), for a `Sleep`'s timer: shutdown cancels it (dropping the
-    /// callback, which completes the sleep) instead of handing it back. It holds room
-    /// under `max_pending` only if `holds_room` (a `try_*` future's).
-    pub(crate) fn new_sleep<F: FnOnce() + Send + 'static>(
-        id: TimerId,
-        deadline: Nanos,
-        holds_room: bool,
-        callback: F,
-    ) -> (EntryRef, EntryRef) {
-        let vtable = if holds_room {
-            &Entry::<F>::TRY_SLEEP_VTABLE
-        } else {
-            &Entry::<F>::SLEEP_VTABLE
-        };
-        Self::allocate(id, deadline, vtable, callback)
-    }
-
     /// One allocation holding the header and `callback`, with two references.
     fn allocate<C>(
         id: TimerId,
@@ -247,19 +241,8 @@ impl EntryRef {
         vtable: &'static Vtable,
         callback: C,
     ) -> (EntryRef, EntryRef) {
-        let (id_low, id_high) = id.to_parts();
         let entry = Box::new(Entry {
-            header: Header {
-                vtable,
-                deadline: AtomicU64::new(deadline.get()),
-                state: StateWord::new(2),
-                id_low,
-                position: UnsafeCell::new(0),
-                list: UnsafeCell::new(0),
-                id_high,
-                #[cfg(loom)]
-                track: loom::alloc::Track::new(()),
-            },
+            header: Header::new(id, deadline, vtable),
             callback: UnsafeCell::new(MaybeUninit::new(callback)),
         });
         let header = NonNull::from(Box::leak(entry)).cast::<Header>();

@@ -7,132 +7,17 @@
 
 #![forbid(unsafe_code)]
 
-use crate::sync::{Arc, AtomicU8, Mutex, Ordering};
+use crate::entry::{SleepShared, ABANDONED, ELAPSED, WAITING};
+use crate::sync::Arc;
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 use crate::home::CoreHome;
 use crate::timer::{Inner, SleepHome};
 use crate::{ScheduleError, ShardedTimer, TimerHandle};
-
-/// The sleep's timer has not fired.
-const WAITING: u8 = 0;
-/// The sleep's timer fired: the deadline has passed.
-pub const ELAPSED: u8 = 1;
-/// The service shut down before the deadline, or refused the timer.
-pub const ABANDONED: u8 = 2;
-/// The sleep was dropped or re-armed: its timer, cancelled next, wakes nobody
-/// (tokio's contract: dropping a timer future only cancels).
-pub const DISARMED: u8 = 3;
-
-/// What a sleep's timer callback and its future share: the outcome and the waker.
-///
-/// The handshake (a loom model, `loom-tests/tests/sleep_waker.rs`, drives these very
-/// methods): the poller stores its waker under the mutex and then re-reads the
-/// outcome; `finish` CASes the outcome and then takes the waker under the same mutex.
-/// Either the poller's re-read sees the outcome, or `finish`'s take comes after the
-/// store and wakes the stored waker — a wake-up cannot be lost.
-#[derive(Debug, Default)]
-pub struct Shared {
-    /// `WAITING`, `ELAPSED` or `ABANDONED`; written once by the callback or its drop.
-    outcome: AtomicU8,
-    /// The waker of the task that last polled the sleep.
-    waker: Mutex<Option<Waker>>,
-}
-
-impl Shared {
-    /// A sleep not yet finished, with no waker.
-    pub fn new() -> Shared {
-        Shared {
-            outcome: AtomicU8::new(WAITING),
-            waker: Mutex::new(None),
-        }
-    }
-
-    /// Records the outcome (first writer wins) and wakes the waiting task. Returns
-    /// whether this call's outcome won.
-    pub fn finish(&self, outcome: u8) -> bool {
-        // ORDERING: AcqRel: the poller's Acquire load of `outcome` sees it; nothing
-        // else is published through it. Failure Relaxed: already finished.
-        let won = self
-            .outcome
-            .compare_exchange(WAITING, outcome, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok();
-        if won {
-            let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(waker) = waker {
-                waker.wake();
-            }
-        }
-        won
-    }
-
-    /// A sleep whose deadline had passed when it was armed: elapsed, with no timer.
-    fn elapsed() -> Shared {
-        Shared {
-            outcome: AtomicU8::new(ELAPSED),
-            waker: Mutex::new(None),
-        }
-    }
-
-    /// The sleep's future gives its timer up (it is dropped or re-armed): unless the
-    /// timer already finished it, the outcome becomes `DISARMED`, so that the timer's
-    /// callback, dropped by the cancel that follows, wakes nobody. Returns whether
-    /// this call disarmed it.
-    pub fn disarm(&self) -> bool {
-        // ORDERING: AcqRel/Relaxed as in `finish`: the same word, the same readers.
-        self.outcome
-            .compare_exchange(WAITING, DISARMED, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.
-    pub fn outcome(&self) -> u8 {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `finish`.
-        self.outcome.load(Ordering::Acquire)
-    }
-}
-
-impl Shared {
-    /// `Ready` once the sleep has an outcome; otherwise stores `cx`'s waker for
-    /// `finish` to wake and returns `Pending`.
-    pub fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `Shared::finish`.
-        if self.outcome.load(Ordering::Acquire) != WAITING {
-            return Poll::Ready(());
-        }
-        {
-            let mut waker = self.waker.lock().unwrap_or_else(|e| e.into_inner());
-            match waker.as_ref() {
-                Some(current) if current.will_wake(cx.waker()) => {}
-                _ => *waker = Some(cx.waker().clone()),
-            }
-        }
-        // Finished between the first check and storing the waker: `finish` may have
-        // taken the old waker (or none), so check again rather than miss the wake.
-        // ORDERING: Acquire, as above. The waker mutex orders this load after our
-        // store, and `finish`'s CAS before its take: if `finish`'s take saw no waker
-        // of ours, its CAS precedes our unlock, so this load sees the outcome.
-        if self.outcome.load(Ordering::Acquire) != WAITING {
-            return Poll::Ready(());
-        }
-        Poll::Pending
-    }
-}
-
-/// Finishes the sleep when the timer's callback is dropped without running (the
-/// service shut down), so a pending `Sleep` never hangs. A sleep that its future
-/// disarmed first (dropped, or re-armed) is not woken: `finish` loses to `DISARMED`.
-struct FinishOnDrop(Arc<Shared>);
-
-impl Drop for FinishOnDrop {
-    fn drop(&mut self) {
-        self.0.finish(ABANDONED);
-    }
-}
 
 /// A future that completes at or after a deadline; made by [`ShardedTimer::sleep`]
 /// and [`ShardedTimer::sleep_until`].
@@ -191,52 +76,61 @@ pub struct Sleep {
     armed: Option<Armed>,
 }
 
-/// An armed sleep's timer.
-struct Armed {
-    /// Shared with the timer's callback.
-    shared: Arc<Shared>,
-    /// The timer, while it may still fire; `None` if the service refused it.
-    handle: Option<TimerHandle>,
-    /// Why the service refused the timer, if it did.
-    refused: Option<ScheduleError>,
+/// An armed sleep: its timer, or why it needs none.
+enum Armed {
+    /// The timer; its entry holds the outcome and the waker (`entry/sleep.rs`).
+    Timer(TimerHandle),
+    /// The deadline had passed when the sleep was armed: elapsed, with no timer.
+    Elapsed,
+    /// The service refused the timer: completed, not elapsed.
+    Refused(ScheduleError),
 }
 
 impl Armed {
-    /// Schedules a sleep's timer on `timer` for `deadline`; it holds room under
+    /// Schedules a sleep's timer on `home` for `deadline`; it holds room under
     /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
     /// the service's now needs no timer: the sleep is elapsed at once (DESIGN.md
-    /// guarantee 8). A refusal completes it at once, with the reason in `refused`.
+    /// guarantee 8). A refusal completes it at once, with the reason.
     fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
         if deadline <= home.now() {
-            return Armed {
-                shared: Arc::new(Shared::elapsed()),
-                handle: None,
-                refused: None,
-            };
+            return Armed::Elapsed;
         }
-        let shared = Arc::new(Shared::new());
-        let guard = FinishOnDrop(shared.clone());
-        // If the service refuses the timer, the callback and its guard are dropped,
-        // which finishes the sleep as abandoned.
-        let scheduled = home.schedule_sleep(deadline, holds_room, move || {
-            guard.0.finish(ELAPSED);
-        });
-        let (handle, refused) = match scheduled {
-            Ok(handle) => (Some(handle), None),
-            Err(error) => (None, Some(error)),
-        };
-        Armed {
-            shared,
-            handle,
-            refused,
+        match home.schedule_sleep(deadline, holds_room) {
+            Ok(handle) => Armed::Timer(handle),
+            Err(error) => Armed::Refused(error),
+        }
+    }
+
+    /// The timer's shared outcome and waker, if it has a timer.
+    fn shared(&self) -> Option<&SleepShared> {
+        match self {
+            Armed::Timer(handle) => handle.sleep_shared(),
+            Armed::Elapsed | Armed::Refused(_) => None,
+        }
+    }
+
+    /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.
+    fn outcome(&self) -> u8 {
+        match self {
+            Armed::Timer(_) => self.shared().map_or(ABANDONED, SleepShared::outcome),
+            Armed::Elapsed => ELAPSED,
+            Armed::Refused(_) => ABANDONED,
+        }
+    }
+
+    /// `Ready` once the sleep has an outcome; otherwise registers `cx`'s waker.
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match self.shared() {
+            Some(shared) => shared.poll_finished(cx),
+            None => Poll::Ready(()),
         }
     }
 
     /// Cancels the timer, waking nobody (the future gives it up): frees it at once;
     /// a no-op if it already fired.
     fn disarm(&self) {
-        if self.shared.disarm() {
-            if let Some(handle) = &self.handle {
+        if let Armed::Timer(handle) = self {
+            if handle.sleep_shared().is_some_and(SleepShared::disarm) {
                 let _ = handle.cancel();
             }
         }
@@ -280,11 +174,11 @@ impl Sleep {
     /// it was pending: [`ScheduleError::Shutdown`]); `None` while pending and after it
     /// elapsed.
     pub fn refused(&self) -> Option<ScheduleError> {
-        let armed = self.armed.as_ref()?;
-        if armed.shared.outcome() != ABANDONED {
-            return None;
+        match self.armed.as_ref()? {
+            Armed::Refused(error) => Some(*error),
+            armed if armed.outcome() == ABANDONED => Some(ScheduleError::Shutdown),
+            _ => None,
         }
-        Some(armed.refused.unwrap_or(ScheduleError::Shutdown))
     }
 
     /// The deadline asked for (not rounded to the tick): the last
@@ -298,7 +192,7 @@ impl Sleep {
     pub fn is_elapsed(&self) -> bool {
         self.armed
             .as_ref()
-            .is_some_and(|armed| armed.shared.outcome() == ELAPSED)
+            .is_some_and(|armed| armed.outcome() == ELAPSED)
     }
 
     /// Moves the deadline to `deadline` and re-arms the sleep, whether or not it has
@@ -335,11 +229,8 @@ impl Sleep {
             return; // armed on the first poll, for the new deadline
         };
         let moved = deadline > this.home.now()
-            && armed.shared.outcome() == WAITING
-            && armed
-                .handle
-                .as_ref()
-                .is_some_and(|handle| handle.reset_at(deadline));
+            && armed.outcome() == WAITING
+            && matches!(armed, Armed::Timer(handle) if handle.reset_at(deadline));
         if moved {
             return;
         }
@@ -360,7 +251,7 @@ impl Future for Sleep {
                 .armed
                 .insert(Armed::new(&this.home, this.deadline, false)),
         };
-        armed.shared.poll_finished(cx)
+        armed.poll(cx)
     }
 }
 
@@ -523,9 +414,9 @@ impl ShardedTimer {
     /// As [`try_sleep`](Self::try_sleep).
     pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let sleep = Sleep::new(self, deadline, true);
-        match sleep.armed.as_ref().and_then(|armed| armed.refused) {
-            None => Ok(sleep),
-            Some(error) => Err(error),
+        match sleep.armed {
+            Some(Armed::Refused(error)) => Err(error),
+            _ => Ok(sleep),
         }
     }
 

@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::clock::{instant_after, ns_since, ManualTime, Nanos};
-use crate::entry::{CancelPort, EntryRef};
+use crate::entry::{CancelPort, EntryRef, SleepShared};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
 use crate::shard::ShardShared;
@@ -144,6 +144,11 @@ impl TimerHandle {
     /// The timer's id.
     pub fn id(&self) -> TimerId {
         self.entry.id()
+    }
+
+    /// The outcome and waker of a `Sleep`'s timer (`None` for any other timer).
+    pub(crate) fn sleep_shared(&self) -> Option<&SleepShared> {
+        self.entry.sleep_shared()
     }
 
     /// When the timer is due: the requested deadline (or the last successful

@@ -154,25 +154,22 @@ impl<K: Clone> CoreHome<K> {
         ))
     }
 
-    /// Schedules a `Sleep`'s callback at `deadline`: shutdown cancels it (completing
-    /// the sleep) instead of handing it back, and only a `try_*` future's timer
+    /// Schedules a `Sleep`'s timer at `deadline` (its entry holds the sleep's outcome
+    /// and waker, `entry/sleep.rs`): shutdown cancels it (completing the sleep) instead
+    /// of handing it back, and only a `try_*` future's timer
     /// (`holds_room`) is bounded by `max_pending` (DESIGN.md guarantee 9).
     ///
     /// # Errors
     ///
     /// As [`enqueue`](Self::enqueue).
-    pub(crate) fn schedule_sleep<F>(
+    pub(crate) fn schedule_sleep(
         &self,
         deadline: Instant,
         holds_room: bool,
-        f: F,
-    ) -> Result<TimerHandle, ScheduleError>
-    where
-        F: FnOnce() + Send + 'static,
-    {
+    ) -> Result<TimerHandle, ScheduleError> {
         let deadline = self.clock.instant_to_ns(deadline);
         self.enqueue(TimerId::next(), deadline, holds_room, |id| {
-            EntryRef::new_sleep(id, deadline, holds_room, f)
+            EntryRef::new_sleep(id, deadline, holds_room)
         })
     }
 }

@@ -240,8 +240,8 @@ pub mod __loom {
         Cancel, CancelPort, CancelSink, CancelledCallback, Due, EntryRef, File, FiredEntry,
         Message, RunningEntry, Snapshot,
     };
+    pub use crate::entry::{SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::executor::{Executor, Task};
-    pub use crate::future::{Shared as SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::home::{user_gone, Home};
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};

@@ -1,4 +1,5 @@
-//! Model 11: the `Sleep` waker handshake (`src/future.rs`, `Shared`).
+//! Model 11: the `Sleep` waker handshake (`src/entry/sleep.rs`, `SleepShared`, which
+//! a sleep's entry holds in place of a callback).
 //!
 //! Explores: a task polls a pending sleep (`Shared::poll_finished`, the body of
 //! `Sleep::poll`) under loom's `block_on`, whose waker is a loom notification, while
@@ -78,7 +79,7 @@ impl std::task::Wake for CountWakes {
 /// Issue 19, defect 8: a pending sleep dropped while its timer fires. The task has
 /// polled (its waker is stored); then `Sleep::drop` disarms the sleep
 /// (`Shared::disarm`) and, if that won, cancels the timer, whose dropped callback
-/// finishes the sleep as abandoned (`FinishOnDrop`: `Shared::finish`), racing the
+/// finishes the sleep as abandoned (`SleepEntry::abandon`: `finish`), racing the
 /// timer's own `finish(ELAPSED)` on the shard.
 /// Asserts: a sleep the drop disarmed is never woken (tokio's contract: dropping only
 /// cancels); one whose timer fired first was woken exactly once, by the timer.
@@ -116,6 +117,67 @@ fn a_sleep_dropped_while_its_timer_fires_is_never_woken_by_the_drop() {
         } else {
             assert_eq!(woken, 1, "the timer that fired first woke the task, once");
             assert_eq!(shared.outcome(), ELAPSED);
+        }
+    });
+}
+
+/// Issue 21: the sleep's shared state now lives in its timer's entry
+/// (`EntryRef::new_sleep`, `SleepEntry`), reached through the handle's reference; the
+/// entry is filed in the real `ShardCore`, which fires it (the vtable's `fire`) while
+/// the future drops it (`Sleep::drop`: disarm, then the handle's `cancel`, whose
+/// callback drop is the vtable's `abandon`).
+/// Asserts: as the model above, through the real entry: exactly one of the fire and
+/// the drop decides, a dropped sleep wakes nobody, a fired one wakes once; the entry
+/// and its stored waker are freed (loom's leak check on the entry's `Track`).
+/// Seeded bug that makes it fail: `SleepShared::disarm` answering from a load instead
+/// of setting `DISARMED` (the cancel's `abandon` then wins and wakes the task): "a
+/// dropped sleep wakes nobody".
+#[test]
+fn a_sleep_entry_fired_by_the_shard_while_its_future_drops_it() {
+    use loom_tests::shard;
+    use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
+    model(|| {
+        let (shard_shared, mut core) = shard::new(2);
+        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false);
+        assert!(shard_shared.push_insert(service, Tick::new(0)).is_ok());
+        core.drain_inserts();
+        let wakes = std::sync::Arc::new(CountWakes(loom::sync::atomic::AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(wakes.clone());
+        let shared = handle.sleep_shared().expect("a sleep's entry");
+        assert!(shared
+            .poll_finished(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(waker);
+        let dropper = {
+            let port_of = shard_shared.clone();
+            thread::spawn(move || {
+                // `Sleep::drop` → `Armed::disarm`.
+                let shared = handle.sleep_shared().expect("a sleep's entry");
+                let disarmed = shared.disarm();
+                if disarmed {
+                    drop(handle.cancel(&port_of.port()));
+                }
+                (disarmed, handle)
+            })
+        };
+        let fired = shard::turn(&mut core, 0);
+        let (disarmed, handle) = dropper.join().unwrap();
+        let outcome = handle.sleep_shared().expect("a sleep's entry").outcome();
+        drop(handle);
+        while core.awaiting() > 0 {
+            core.drain_messages();
+        }
+        core.drain_messages();
+        let woken = wakes.0.load(loom::sync::atomic::Ordering::SeqCst);
+        if disarmed {
+            // The shard may still fire it between the disarm and the cancel: its
+            // finish then loses to DISARMED.
+            assert_eq!(woken, 0, "a dropped sleep wakes nobody");
+            assert_eq!(outcome, DISARMED);
+        } else {
+            assert_eq!(outcome, ELAPSED);
+            assert_eq!(fired, 1, "the disarm lost: the timer had fired");
+            assert_eq!(woken, 1, "the timer that fired first woke the task, once");
         }
     });
 }

@@ -62,6 +62,7 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
         next_run: Some(Self::next_run),
         hands_back: true,
         holds_room: true,
+        sleep: false,
     };
 
     /// # Safety

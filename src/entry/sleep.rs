@@ -1,0 +1,227 @@
+//! A `Sleep`'s entry: the header, then the outcome and waker the sleep's future reads
+//! through its handle ([`SleepShared`]), and no callback cell. Firing the timer finishes
+//! the sleep as elapsed; the drop of its "callback" (a cancel that wins, shutdown,
+//! or the last reference going while pending) finishes it as abandoned, which a
+//! future that disarmed it first (dropped, re-armed) turns into nothing.
+//!
+//! Before, a sleep's timer was an ordinary entry whose callback held an `Arc` of the
+//! shared state: two allocations and an `Arc` clone per armed sleep. Here it is one.
+//!
+//! # Ground rules (the entry's, as they apply here)
+//!
+//! `SleepShared` is read through any reference (it is `Sync`: an atomic and a mutex) and
+//! dropped only with the allocation, by the last reference: the future's handle keeps
+//! it readable for as long as the future holds the handle. The vtable's `run` and
+//! `drop_callback` take nothing out of the entry; each calls [`SleepShared::finish`],
+//! whose first caller wins, so the entry's rule that exactly one of them runs (the
+//! winner of Pending → Fired or → Cancelled) is all that decides the outcome.
+
+use core::ptr::NonNull;
+
+use super::{EntryRef, Header, Nanos, TimerId, Vtable};
+use crate::sync::{AtomicU8, Mutex, Ordering};
+use std::task::{Context, Poll, Waker};
+
+/// The sleep's timer has not finished it.
+pub const WAITING: u8 = 0;
+/// The sleep's timer fired: the deadline has passed.
+pub const ELAPSED: u8 = 1;
+/// The service shut down before the deadline, or refused the timer.
+pub const ABANDONED: u8 = 2;
+/// The sleep was dropped or re-armed: its timer, cancelled next, wakes nobody
+/// (tokio's contract: dropping a timer future only cancels).
+pub const DISARMED: u8 = 3;
+
+/// What a sleep's timer and its future share: the outcome and the waker. It lives in
+/// the timer's own entry ([`SleepEntry`]): one allocation per armed sleep.
+///
+/// The handshake (a loom model, `loom-tests/tests/sleep_waker.rs`, drives these very
+/// methods): the poller stores its waker under the mutex and then re-reads the
+/// outcome; `finish` CASes the outcome and then takes the waker under the same mutex.
+/// Either the poller's re-read sees the outcome, or `finish`'s take comes after the
+/// store and wakes the stored waker — a wake-up cannot be lost.
+#[derive(Debug, Default)]
+pub struct SleepShared {
+    /// `WAITING`, `ELAPSED` or `ABANDONED`; written once by the callback or its drop.
+    outcome: AtomicU8,
+    /// The waker of the task that last polled the sleep.
+    waker: Mutex<Option<Waker>>,
+}
+
+impl SleepShared {
+    /// A sleep not yet finished, with no waker.
+    pub fn new() -> SleepShared {
+        SleepShared {
+            outcome: AtomicU8::new(WAITING),
+            waker: Mutex::new(None),
+        }
+    }
+
+    /// Records the outcome (first writer wins) and wakes the waiting task. Returns
+    /// whether this call's outcome won.
+    pub fn finish(&self, outcome: u8) -> bool {
+        // ORDERING: AcqRel: the poller's Acquire load of `outcome` sees it; nothing
+        // else is published through it. Failure Relaxed: already finished.
+        let won = self
+            .outcome
+            .compare_exchange(WAITING, outcome, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok();
+        if won {
+            let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+        won
+    }
+
+    /// The sleep's future gives its timer up (it is dropped or re-armed): unless the
+    /// timer already finished it, the outcome becomes `DISARMED`, so that the timer's
+    /// callback, dropped by the cancel that follows, wakes nobody. Returns whether
+    /// this call disarmed it.
+    pub fn disarm(&self) -> bool {
+        // ORDERING: AcqRel/Relaxed as in `finish`: the same word, the same readers.
+        self.outcome
+            .compare_exchange(WAITING, DISARMED, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.
+    pub fn outcome(&self) -> u8 {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `finish`.
+        self.outcome.load(Ordering::Acquire)
+    }
+}
+
+impl SleepShared {
+    /// `Ready` once the sleep has an outcome; otherwise stores `cx`'s waker for
+    /// `finish` to wake and returns `Pending`.
+    pub fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `SleepShared::finish`.
+        if self.outcome.load(Ordering::Acquire) != WAITING {
+            return Poll::Ready(());
+        }
+        {
+            let mut waker = self.waker.lock().unwrap_or_else(|e| e.into_inner());
+            match waker.as_ref() {
+                Some(current) if current.will_wake(cx.waker()) => {}
+                _ => *waker = Some(cx.waker().clone()),
+            }
+        }
+        // Finished between the first check and storing the waker: `finish` may have
+        // taken the old waker (or none), so check again rather than miss the wake.
+        // ORDERING: Acquire, as above. The waker mutex orders this load after our
+        // store, and `finish`'s CAS before its take: if `finish`'s take saw no waker
+        // of ours, its CAS precedes our unlock, so this load sees the outcome.
+        if self.outcome.load(Ordering::Acquire) != WAITING {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+/// A sleep's allocation: the header first, so a pointer to it is a pointer to the
+/// header (as for `Entry<F>`).
+#[repr(C)]
+pub(super) struct SleepEntry {
+    /// The type-erased part.
+    header: Header,
+    /// The outcome and waker, read through any reference.
+    shared: SleepShared,
+}
+
+impl SleepEntry {
+    /// The vtable of an infallible future's timer: shutdown cancels it instead of
+    /// handing it back, and it holds no room under `max_pending`.
+    const VTABLE: Vtable = Vtable {
+        run: SleepEntry::fire,
+        drop_callback: SleepEntry::abandon,
+        dealloc: SleepEntry::dealloc,
+        call_again: None,
+        next_run: None,
+        hands_back: false,
+        holds_room: false,
+        sleep: true,
+    };
+
+    /// The vtable of a `try_*` future's timer: it holds room, as `schedule`'s do.
+    const TRY_VTABLE: Vtable = Vtable {
+        holds_room: true,
+        ..SleepEntry::VTABLE
+    };
+
+    /// The shared state of the sleep entry behind `header`.
+    ///
+    /// # Safety
+    ///
+    /// - `header` points to a live `SleepEntry` (its vtable is one of this type's),
+    ///   and stays live for `'a`.
+    unsafe fn shared<'a>(header: NonNull<Header>) -> &'a SleepShared {
+        // SAFETY: live and a `SleepEntry` for `'a` (the caller's point); `shared` is
+        // only ever read through shared references until the allocation is freed.
+        unsafe { &header.cast::<SleepEntry>().as_ref().shared }
+    }
+
+    /// The timer fired: the sleep is elapsed.
+    ///
+    /// # Safety
+    ///
+    /// - `header` points to a live `SleepEntry` (the vtable's contract).
+    unsafe fn fire(header: NonNull<Header>) {
+        // SAFETY: the caller's point; the caller holds a reference for the call.
+        unsafe { SleepEntry::shared(header) }.finish(ELAPSED);
+    }
+
+    /// The timer's callback is dropped unrun (a cancel won, shutdown, or the last
+    /// reference went while pending): the sleep is abandoned, unless its future
+    /// disarmed it first.
+    ///
+    /// # Safety
+    ///
+    /// - `header` points to a live `SleepEntry` (the vtable's contract).
+    unsafe fn abandon(header: NonNull<Header>) {
+        // SAFETY: the caller's point; the caller holds a reference for the call.
+        unsafe { SleepEntry::shared(header) }.finish(ABANDONED);
+    }
+
+    /// Frees the allocation, dropping the shared state (a stored waker).
+    ///
+    /// # Safety
+    ///
+    /// - `header` came from the box leaked in [`EntryRef::new_sleep`], and no other
+    ///   reference remains.
+    unsafe fn dealloc(header: NonNull<Header>) {
+        // SAFETY: the caller's point: our box, unaliased.
+        drop(unsafe { Box::from_raw(header.cast::<SleepEntry>().as_ptr()) });
+    }
+}
+
+impl EntryRef {
+    /// Allocates a `Sleep`'s timer, with two references (the handle's, the
+    /// service's): shutdown cancels it (finishing the sleep as abandoned) instead of
+    /// handing it back. It holds room under `max_pending` only if `holds_room` (a
+    /// `try_*` future's).
+    pub fn new_sleep(id: TimerId, deadline: Nanos, holds_room: bool) -> (EntryRef, EntryRef) {
+        let vtable = if holds_room {
+            &SleepEntry::TRY_VTABLE
+        } else {
+            &SleepEntry::VTABLE
+        };
+        let entry = Box::new(SleepEntry {
+            header: Header::new(id, deadline, vtable),
+            shared: SleepShared::new(),
+        });
+        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
+        (EntryRef(header), EntryRef(header))
+    }
+
+    /// The outcome and waker of a `Sleep`'s timer; `None` for any other timer.
+    pub fn sleep_shared(&self) -> Option<&SleepShared> {
+        if !self.header().vtable.sleep {
+            return None;
+        }
+        // SAFETY: only `new_sleep` makes entries with a `sleep` vtable, and they are
+        // `SleepEntry`s; our reference keeps the allocation live for `&self`.
+        Some(unsafe { SleepEntry::shared(self.0) })
+    }
+}
