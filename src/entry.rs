@@ -62,7 +62,8 @@ pub use message::{CancelPort, CancelSink, Message};
 pub use repeat::RunningEntry;
 #[cfg(loom)]
 pub use sleep::DISARMED;
-pub use sleep::{SleepShared, ABANDONED, ELAPSED, WAITING};
+pub(crate) use sleep::WAITING;
+pub use sleep::{SleepShared, ABANDONED, ELAPSED};
 use state::StateWord;
 pub use state::{Cancel, File, Snapshot};
 pub(crate) use state::{Finish, Fire};

@@ -23,7 +23,7 @@ use crate::sync::{AtomicU8, Mutex, Ordering};
 use std::task::{Context, Poll, Waker};
 
 /// The sleep's timer has not finished it.
-pub const WAITING: u8 = 0;
+pub(crate) const WAITING: u8 = 0;
 /// The sleep's timer fired: the deadline has passed.
 pub const ELAPSED: u8 = 1;
 /// The service shut down before the deadline, or refused the timer.
