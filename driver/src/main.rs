@@ -31,7 +31,7 @@ use sharded_timer_peers::alloc;
 use modes::{compare, plot, soak, sweep, timeouts};
 use report::{IdleReport, Machine, RunReport};
 use workloads::{
-    asynchronous, backpressure, burst, delayed, heartbeat, keepalive, rpc, stall, steady,
+    asynchronous, backpressure, burst, delayed, heartbeat, keepalive, net, rpc, stall, steady,
 };
 
 #[global_allocator]
@@ -59,11 +59,14 @@ enum Workload {
     /// Inline callbacks, one blocking 200 ms a second: the others' lateness with
     /// rescue on, off, and on the netty-style wheel.
     Stall,
+    /// A tokio TCP server on loopback: a timeout per request, an idle close per
+    /// connection, with sharded-timer, tokio::time and pingora
+    Net,
 }
 
 impl Workload {
     /// Every workload, in the default order.
-    const ALL: [Workload; 9] = [
+    const ALL: [Workload; 10] = [
         Workload::Keepalive,
         Workload::Rpc,
         Workload::Delayed,
@@ -73,6 +76,7 @@ impl Workload {
         Workload::Async,
         Workload::Steady,
         Workload::Stall,
+        Workload::Net,
     ];
 }
 
@@ -101,7 +105,8 @@ struct Args {
     /// its users write it, the netty-style wheel, a heap), and print ratios
     #[arg(long)]
     compare: bool,
-    /// --compare: peers to run, by name, comma-separated [default: all]
+    /// --compare (and the net workload): peers to run, by name, comma-separated
+    /// [default: all]
     #[arg(long, value_delimiter = ',', value_parser = [
         "sharded-timer", "sharded-unpinned", "sharded-inline", "sharded-spawn",
         "tokio", "tokio-timeout", "heap", "netty-style", "pingora",
@@ -204,6 +209,10 @@ struct Args {
     /// stall: seconds of load on each of the three targets
     #[arg(long, default_value_t = 2.0)]
     stall_s: f64,
+    /// net: loopback connections (two descriptors each; fewer if RLIMIT_NOFILE cannot
+    /// be raised that far)
+    #[arg(long, default_value_t = 10_000)]
+    net_connections: usize,
     /// Skip the idle-wakeup check
     #[arg(long)]
     no_idle_check: bool,
@@ -508,6 +517,7 @@ fn main() {
             Workload::Async => asynchronous::run(&common, args.timeouts, 30.0),
             Workload::Steady => steady::run(&common, args.rate, args.steady_s),
             Workload::Stall => stall::run(&common, args.stall_s),
+            Workload::Net => net::run(&common, args.net_connections, &args.peers),
         };
         run.workloads.push(result);
     }

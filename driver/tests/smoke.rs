@@ -33,6 +33,8 @@ fn driver() -> Command {
         "0.5",
         "--stall-s",
         "1",
+        "--net-connections",
+        "200",
         "--no-idle-check",
     ]);
     command
@@ -77,7 +79,8 @@ fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
             "backpressure",
             "async",
             "steady",
-            "stall"
+            "stall",
+            "net"
         ]
     );
     assert!(stdout.contains("rustc "), "{stdout}");

@@ -8,6 +8,7 @@ pub(crate) mod burst;
 pub(crate) mod delayed;
 pub(crate) mod heartbeat;
 pub(crate) mod keepalive;
+pub(crate) mod net;
 pub(crate) mod rpc;
 pub(crate) mod stall;
 pub(crate) mod steady;
