@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub(crate) mod coarse;
 mod manual;
 mod units;
 

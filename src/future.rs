@@ -92,7 +92,7 @@ impl Armed {
     /// the service's now needs no timer: the sleep is elapsed at once (DESIGN.md
     /// guarantee 8). A refusal completes it at once, with the reason.
     fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
-        if deadline <= home.now() {
+        if home.is_past(deadline) {
             return Armed::Elapsed;
         }
         match home.schedule_sleep(deadline, holds_room) {
@@ -228,7 +228,7 @@ impl Sleep {
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
         };
-        let moved = deadline > this.home.now()
+        let moved = !this.home.is_past(deadline)
             && armed.outcome() == WAITING
             && matches!(armed, Armed::Timer(handle) if handle.reset_at(deadline));
         if moved {

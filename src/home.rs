@@ -107,6 +107,11 @@ impl<K: Clone> CoreHome<K> {
         self.time.now()
     }
 
+    /// Whether `deadline` is at or before the service's now (cheaply: `coarse.rs`).
+    pub(crate) fn is_past(&self, deadline: Instant) -> bool {
+        self.time.is_past(deadline)
+    }
+
     /// The service's clock.
     pub(crate) fn clock(&self) -> &Clock {
         &self.clock

@@ -461,6 +461,15 @@ impl TimeSource {
             TimeSource::Manual(time) => time.now(),
         }
     }
+
+    /// Whether `deadline` is at or before now: `deadline <= self.now()`, sparing the
+    /// system clock's precise read when the coarse clock tells (`coarse.rs`).
+    pub(crate) fn is_past(&self, deadline: Instant) -> bool {
+        match self {
+            TimeSource::System => super::coarse::is_past(deadline),
+            TimeSource::Manual(time) => deadline <= time.now(),
+        }
+    }
 }
 
 impl ManualClock {
