@@ -225,3 +225,89 @@ impl EntryRef {
         Some(unsafe { SleepEntry::shared(self.0) })
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::{EntryRef, ABANDONED, DISARMED, ELAPSED, WAITING};
+    use crate::clock::Nanos;
+    use crate::id::TimerId;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Wake, Waker};
+
+    /// Counts wakes and drops of a waker.
+    #[derive(Default)]
+    struct Counted {
+        wakes: AtomicUsize,
+    }
+
+    impl Wake for Counted {
+        fn wake(self: Arc<Self>) {
+            self.wakes.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A sleep entry with a stored waker; returns both references and the waker's
+    /// counter.
+    fn polled() -> (EntryRef, EntryRef, Arc<Counted>) {
+        let (handle, service) = EntryRef::new_sleep(TimerId::next(), Nanos::new(5), false);
+        let counted = Arc::new(Counted::default());
+        let waker = Waker::from(counted.clone());
+        let shared = handle.sleep_shared().expect("a sleep's entry");
+        assert!(shared
+            .poll_finished(&mut Context::from_waker(&waker))
+            .is_pending());
+        assert_eq!(shared.outcome(), WAITING);
+        (handle, service, counted)
+    }
+
+    #[test]
+    fn firing_a_sleep_entry_finishes_it_elapsed_and_wakes_once() {
+        let (handle, service, counted) = polled();
+        let fired = service.try_fire().ok().expect("pending, so it fires");
+        fired.run();
+        assert_eq!(handle.sleep_shared().unwrap().outcome(), ELAPSED);
+        assert_eq!(counted.wakes.load(Ordering::SeqCst), 1);
+        drop(handle);
+        // Every reference gone: the stored waker was taken by the wake, nothing
+        // else holds the counter.
+        assert_eq!(Arc::strong_count(&counted), 1);
+    }
+
+    #[test]
+    fn a_cancelled_sleep_entry_is_abandoned_unless_disarmed_first() {
+        let (handle, service, counted) = polled();
+        drop(handle.cancel_detached().expect("the cancel wins"));
+        assert_eq!(handle.sleep_shared().unwrap().outcome(), ABANDONED);
+        assert_eq!(counted.wakes.load(Ordering::SeqCst), 1, "shutdown wakes");
+        drop((handle, service));
+
+        let (handle, service, counted) = polled();
+        assert!(handle.sleep_shared().unwrap().disarm());
+        drop(handle.cancel_detached().expect("the cancel wins"));
+        assert_eq!(handle.sleep_shared().unwrap().outcome(), DISARMED);
+        assert_eq!(
+            counted.wakes.load(Ordering::SeqCst),
+            0,
+            "a drop wakes nobody"
+        );
+        drop((handle, service));
+        // The stored waker was dropped with the allocation.
+        assert_eq!(Arc::strong_count(&counted), 1);
+    }
+
+    #[test]
+    fn the_last_reference_of_a_pending_sleep_entry_abandons_it_and_frees_the_waker() {
+        let (handle, service, counted) = polled();
+        drop(service);
+        drop(handle);
+        assert_eq!(counted.wakes.load(Ordering::SeqCst), 1);
+        assert_eq!(Arc::strong_count(&counted), 1);
+    }
+
+    #[test]
+    fn only_sleep_entries_have_sleep_state() {
+        let (handle, _service) = EntryRef::new(TimerId::next(), Nanos::new(5), || {});
+        assert!(handle.sleep_shared().is_none());
+    }
+}
