@@ -264,7 +264,9 @@ mod tests {
     #[test]
     fn firing_a_sleep_entry_finishes_it_elapsed_and_wakes_once() {
         let (handle, service, counted) = polled();
-        let fired = service.try_fire().ok().expect("pending, so it fires");
+        let Ok(fired) = service.try_fire() else {
+            panic!("pending, so it fires");
+        };
         fired.run();
         assert_eq!(handle.sleep_shared().unwrap().outcome(), ELAPSED);
         assert_eq!(counted.wakes.load(Ordering::SeqCst), 1);
