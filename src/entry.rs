@@ -52,6 +52,7 @@ use crate::id::{TimerId, TimerState};
 use crate::sync::{AtomicU64, Ordering, UnsafeCell};
 
 mod message;
+pub(crate) mod pool;
 mod repeat;
 mod sleep;
 mod state;
@@ -206,12 +207,13 @@ impl<C> Entry<C> {
     ///
     /// # Safety
     ///
-    /// - `header` came from the box leaked in `EntryRef::allocate`.
+    /// - `header` came from `pool::boxed` in `EntryRef::allocate`.
     /// - No other reference remains, and the callback has been run or dropped
     ///   (`MaybeUninit` does not drop it again).
     unsafe fn dealloc_any(header: NonNull<Header>) {
-        // SAFETY: the caller's points: our box, unaliased, callback already gone.
-        drop(unsafe { Box::from_raw(header.cast::<Entry<C>>().as_ptr()) });
+        // SAFETY: the caller's points: from `pool::boxed::<Entry<C>>`, unaliased,
+        // callback already gone.
+        unsafe { pool::unbox(header.cast::<Entry<C>>()) };
     }
 }
 
@@ -242,11 +244,11 @@ impl EntryRef {
         vtable: &'static Vtable,
         callback: C,
     ) -> (EntryRef, EntryRef) {
-        let entry = Box::new(Entry {
+        let header = pool::boxed(Entry {
             header: Header::new(id, deadline, vtable),
             callback: UnsafeCell::new(MaybeUninit::new(callback)),
-        });
-        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
+        })
+        .cast::<Header>();
         (EntryRef(header), EntryRef(header))
     }
 

@@ -243,6 +243,10 @@ pub mod __loom {
     pub use crate::entry::{SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::executor::{Executor, Task};
     pub use crate::home::{user_gone, Home};
+    /// The entry pool's heap and its cross-thread free (`src/entry/pool.rs`).
+    pub mod pool {
+        pub use crate::entry::pool::{free, Heap, CHUNK, HEAD};
+    }
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{

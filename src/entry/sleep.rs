@@ -188,11 +188,11 @@ impl SleepEntry {
     ///
     /// # Safety
     ///
-    /// - `header` came from the box leaked in [`EntryRef::new_sleep`], and no other
+    /// - `header` came from `pool::boxed` in [`EntryRef::new_sleep`], and no other
     ///   reference remains.
     unsafe fn dealloc(header: NonNull<Header>) {
-        // SAFETY: the caller's point: our box, unaliased.
-        drop(unsafe { Box::from_raw(header.cast::<SleepEntry>().as_ptr()) });
+        // SAFETY: the caller's point: from `pool::boxed::<SleepEntry>`, unaliased.
+        unsafe { super::pool::unbox(header.cast::<SleepEntry>()) };
     }
 }
 
@@ -207,11 +207,11 @@ impl EntryRef {
         } else {
             &SleepEntry::VTABLE
         };
-        let entry = Box::new(SleepEntry {
+        let header = super::pool::boxed(SleepEntry {
             header: Header::new(id, deadline, vtable),
             shared: SleepShared::new(),
-        });
-        let header = NonNull::from(Box::leak(entry)).cast::<Header>();
+        })
+        .cast::<Header>();
         (EntryRef(header), EntryRef(header))
     }
 

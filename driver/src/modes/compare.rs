@@ -189,11 +189,38 @@ fn burst(kind: Kind) -> Row {
     )
 }
 
+/// Allocated bytes per pending timer, **the caller keeping its handle**, for each of
+/// `kinds`: see [`bytes_per_pending`]. Measured first thing in a run, on a fresh
+/// thread, with every peer's timers kept until all are measured: sharded-timer's
+/// entry pool keeps freed memory for reuse, so a peer measured after other timers
+/// of the process were freed would be counted only for what it could not reuse.
+fn memory_of(kinds: &[Kind]) -> Vec<(&'static str, f64, usize)> {
+    std::thread::spawn({
+        let kinds = kinds.to_vec();
+        move || {
+            let mut kept = Vec::new();
+            let memory = kinds
+                .iter()
+                .map(|&kind| {
+                    let (bytes, peer) = bytes_per_pending(kind);
+                    kept.push(peer);
+                    (kind.name(), bytes, kind.handle_size())
+                })
+                .collect();
+            drop(kept);
+            memory
+        }
+    })
+    .join()
+    .expect("the memory measurement")
+}
+
 /// Allocated bytes per pending timer, **the caller keeping its handle**: the peer's
 /// allocations for 1 M pending timers plus the size of the handle each caller keeps
 /// (the handles' own vector is allocated before the count starts), minus the
-/// 16-byte closure each captures.
-fn bytes_per_pending(kind: Kind) -> f64 {
+/// 16-byte closure each captures. Returns the peer and its handles, to be dropped
+/// when the caller is done measuring.
+fn bytes_per_pending(kind: Kind) -> (f64, (peers::Peer, Vec<Handle>)) {
     let peer = kind.start();
     let tracker = Tracker::leak(0, Instant::now(), Duration::ZERO);
     let mut handles: Vec<Handle> = Vec::with_capacity(BACKGROUND);
@@ -207,9 +234,7 @@ fn bytes_per_pending(kind: Kind) -> f64 {
     // Let the peers' own threads take the timers in.
     std::thread::sleep(Duration::from_millis(500));
     let bytes = crate::alloc::allocated().saturating_sub(before) as f64 / BACKGROUND as f64;
-    drop(handles);
-    drop(peer);
-    bytes + kind.handle_size() as f64 - 16.0
+    (bytes + kind.handle_size() as f64 - 16.0, (peer, handles))
 }
 
 /// Schedules `TIMERS` timers (delays spread over 1 s..60 s) from `threads` producer
@@ -399,6 +424,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         .chain([Kind::TokioTimeout, Kind::ShardedInline, Kind::ShardedSpawn])
         .filter(|k| only.is_empty() || only.iter().any(|name| name == k.name()))
         .collect();
+    let memory = memory_of(&kinds);
     let rpc_rows = median_rows(&kinds, rounds, rpc);
     if !quiet {
         print(
@@ -443,10 +469,6 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         let (plain, cancel) = cpu.split_at(producers.len());
         schedule_cpu_ns.push((kind.name(), plain.to_vec(), cancel.to_vec()));
     }
-    let memory: Vec<(&'static str, f64, usize)> = kinds
-        .iter()
-        .map(|&kind| (kind.name(), bytes_per_pending(kind), kind.handle_size()))
-        .collect();
     let report = CompareReport {
         rounds,
         rpc: rpc_rows,

@@ -1,0 +1,715 @@
+//! The entry pool: where timer entries live, without `malloc` on the hot path.
+//!
+//! The design is mimalloc's (Leijen, Zorn, de Moura, "Mimalloc: Free List Sharding in
+//! Action", APLAS 2019, §2–3), cut down to what entries need: each thread that
+//! creates timers owns a [`Heap`] of 32 KiB chunks, one size class per chunk (16-byte
+//! steps up to [`LARGEST`] bytes). A thread allocates from its own heap without an
+//! atomic read-modify-write: from its local free list, else by bumping through its
+//! newest chunk. Any thread frees a block by pushing it onto the owning heap's
+//! *remote* free list for that class, one compare-and-swap; the owner takes a whole
+//! remote list at once, with one swap, when its local list runs dry. Entries are
+//! mostly freed by a shard thread (the service's reference is dropped last after a
+//! fire), so the free that `malloc` made cross-arena under the arena's lock becomes a
+//! push, and an entry with a 16-byte capture takes 48 bytes, with no `malloc` header
+//! or rounding.
+//!
+//! Finding the owner: chunks are aligned to their size, so a block's chunk is its
+//! address with the low 15 bits cleared, and the chunk's first cache line names the
+//! heap and the class.
+//!
+//! Memory is kept, not returned: a heap keeps its chunks for reuse for the life of
+//! the process. When a thread exits, its heap is abandoned to a global list, and the
+//! next thread that needs a heap adopts it (chunks, free lists, and the remote lists
+//! that frees have filled meanwhile), so the memory held is bounded by the peak of
+//! entries alive at once plus one partly used chunk per class per heap, and the
+//! number of heaps by the most threads that created timers at the same time.
+//!
+//! Entries larger than [`LARGEST`] bytes or aligned above 16 go to the global
+//! allocator, as do all entries under loom (whose models track each entry's
+//! allocation; the pool's own protocol has its model, `loom-tests/tests/pool.rs`).
+//!
+//! The one cross-thread protocol is the remote free list: a Treiber stack (Treiber,
+//! "Systems Programming: Coping with Parallelism", IBM RJ 5118, 1986) whose only pop
+//! takes the whole stack. A take-all pop cannot suffer ABA: a pusher's CAS expects
+//! the head it read and links its block to that head, and whatever happened to the
+//! stack in between, a head equal to the one read is a correct successor.
+
+use core::alloc::Layout;
+use core::ptr::{self, NonNull};
+
+use crate::sync::{AtomicPtr, CachePadded, Ordering, UnsafeCell};
+
+/// The largest block the pool hands out, in bytes; larger entries use the global
+/// allocator.
+pub(crate) const LARGEST: usize = 256;
+
+/// Block sizes step by this many bytes (and blocks are aligned to it).
+const STEP: usize = 16;
+
+/// Size classes: class `k` holds blocks of `(k + 1) * STEP` bytes.
+const CLASSES: usize = LARGEST / STEP;
+
+/// Bytes per chunk, and its alignment. Smaller under loom, whose models make one per
+/// execution.
+#[cfg(not(loom))]
+pub const CHUNK: usize = 32 * 1024;
+/// Bytes per chunk under loom.
+#[cfg(loom)]
+pub const CHUNK: usize = 1024;
+
+/// Bytes at the start of a chunk kept for its [`ChunkHead`] (a cache line, so blocks
+/// do not share the head's line; more under loom, whose atomics and cells are larger).
+pub const HEAD: usize = if cfg!(loom) { 256 } else { 64 };
+
+/// Whether a value of type `T` is kept in the pool (else in a `Box`).
+pub(crate) const fn pooled<T>() -> bool {
+    !cfg!(loom)
+        && core::mem::size_of::<T>() <= LARGEST
+        && core::mem::size_of::<T>() > 0
+        && core::mem::align_of::<T>() <= STEP
+}
+
+/// The size class of `T`, which [`pooled`] must have accepted.
+const fn class_of<T>() -> usize {
+    core::mem::size_of::<T>().div_ceil(STEP) - 1
+}
+
+/// A free block: its first word links the list it is on.
+#[repr(C)]
+pub(crate) struct Block {
+    /// The next free block, or null.
+    next: *mut Block,
+}
+
+/// The first cache line of every chunk.
+#[repr(C)]
+struct ChunkHead {
+    /// The heap whose list of chunks takes this chunk when a free makes its `freed`
+    /// list non-empty. Written once, before any block of the chunk is handed out.
+    heap: &'static HeapShared,
+    /// The chunk's size class. Written once, as `heap`.
+    class: usize,
+    /// Blocks of this chunk freed by any thread, not yet taken by the owner.
+    freed: AtomicPtr<Block>,
+    /// The next chunk in the heap's list of chunks with freed blocks. Written by the
+    /// thread whose free made `freed` non-empty, before it pushes the chunk on that
+    /// list; read by the owner after taking the list, before it empties `freed`
+    /// (which is what lets a free push the chunk again).
+    next_freed: UnsafeCell<*mut ChunkHead>,
+    /// Owner only: free blocks of this chunk taken from `freed`, to hand out.
+    local: UnsafeCell<*mut Block>,
+    /// Owner only: whether the chunk is in its class's `ready` queue.
+    queued: UnsafeCell<bool>,
+}
+
+/// The part of a heap that other threads touch: per class, a list of chunks that
+/// have freed blocks waiting.
+pub(crate) struct HeapShared {
+    /// Per class, the chunks whose `freed` list a free made non-empty since the owner
+    /// last emptied it; each list on its own cache line.
+    chunks: [CachePadded<AtomicPtr<ChunkHead>>; CLASSES],
+}
+
+/// The owner's view of one size class.
+struct Class {
+    /// The chunk blocks are handed out from, or null.
+    current: *mut ChunkHead,
+    /// The next never-used byte of the current chunk (equal to `end` when none is left
+    /// or the chunk was made current again after filling).
+    bump: *mut u8,
+    /// See `bump`.
+    end: *mut u8,
+    /// Chunks with taken free blocks in their `local` list, not current.
+    ready: Vec<*mut ChunkHead>,
+}
+
+impl Class {
+    /// Every class of a heap with no chunks.
+    fn none() -> [Class; CLASSES] {
+        core::array::from_fn(|_| Class {
+            current: ptr::null_mut(),
+            bump: ptr::null_mut(),
+            end: ptr::null_mut(),
+            ready: Vec::new(),
+        })
+    }
+}
+
+/// A thread's heap: owned by one thread at a time (it is `Send`, not `Sync`).
+pub struct Heap {
+    /// The lists other threads free to; `'static`: a heap is never freed, since its
+    /// chunks, and so frees into it, may outlive any owner.
+    shared: &'static HeapShared,
+    /// Per class: the current chunk, its bump region, the ready chunks.
+    classes: [Class; CLASSES],
+}
+
+// SAFETY: a `Heap` is owned by one thread at a time; its raw pointers lead to chunks
+// whose owner-only fields and unused bytes it alone touches, and to free blocks that
+// it alone has taken, so moving it to another thread (an abandoned heap adopted)
+// moves that exclusive use with it.
+unsafe impl Send for Heap {}
+
+impl core::fmt::Debug for Heap {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Heap")
+            .field("shared", &(self.shared as *const HeapShared))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Heap {
+    /// A heap's chunks may hold live entries, and frees into it may come later: it is
+    /// abandoned, for the next thread that needs a heap to adopt, never freed.
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        local::abandon(Heap {
+            shared: self.shared,
+            classes: core::mem::replace(&mut self.classes, Class::none()),
+        });
+    }
+}
+
+impl Default for Heap {
+    fn default() -> Self {
+        Heap::new()
+    }
+}
+
+impl Heap {
+    /// An empty heap: no chunks yet.
+    pub fn new() -> Heap {
+        let shared = Box::leak(Box::new(HeapShared {
+            chunks: core::array::from_fn(|_| CachePadded::new(AtomicPtr::new(ptr::null_mut()))),
+        }));
+        Heap {
+            shared,
+            classes: Class::none(),
+        }
+    }
+
+    /// A block of class `class` (`(class + 1) * 16` bytes, 16-aligned), uninitialised.
+    /// Taken from the current chunk's free blocks, else its never-used bytes, else
+    /// from another chunk of this heap with free blocks (one per 32 KiB, so blocks
+    /// handed out one after another lie close together), else from a new chunk.
+    ///
+    /// # Panics
+    ///
+    /// If `class` is out of range. Aborts through `handle_alloc_error` if a new chunk
+    /// cannot be allocated.
+    pub fn allocate(&mut self, class: usize) -> NonNull<u8> {
+        let shared = self.shared;
+        let state = &mut self.classes[class];
+        let size = (class + 1) * STEP;
+        loop {
+            if !state.current.is_null() {
+                // SAFETY: a current chunk is live (chunks are never freed) and its
+                // owner-only fields are ours (we own the heap).
+                let local = unsafe { &(*state.current).local };
+                // SAFETY: owner-only, as above.
+                let first = local.with(|head| unsafe { *head });
+                if let Some(block) = NonNull::new(first) {
+                    // SAFETY: a block on a local list is free and ours; its link was
+                    // written before it reached the list (by its free, which our
+                    // Acquire swap of `freed` synchronised with).
+                    let next = unsafe { (*block.as_ptr()).next };
+                    // SAFETY: owner-only, as above.
+                    local.with_mut(|head| unsafe { *head = next });
+                    // Blocks come back in the order they were freed, not by address:
+                    // fetch the next one now, while the caller fills this one.
+                    prefetch(next);
+                    return block.cast();
+                }
+                if (state.end as usize) - (state.bump as usize) >= size {
+                    let block = state.bump;
+                    // SAFETY: at least `size` bytes remain before `end`, in the chunk.
+                    state.bump = unsafe { block.add(size) };
+                    // SAFETY: `block` points into a live chunk, so it is not null.
+                    return unsafe { NonNull::new_unchecked(block) };
+                }
+            }
+            // The current chunk has nothing left: take what frees have sent, then
+            // move to a chunk with free blocks, else to a new chunk.
+            take_freed(shared, class, state);
+            if !state.current.is_null() {
+                // SAFETY: owner-only field of the live current chunk.
+                let refilled = unsafe { &(*state.current).local }.with(|head| unsafe { *head });
+                if !refilled.is_null() {
+                    continue;
+                }
+            }
+            match state.ready.pop() {
+                Some(chunk) => {
+                    // SAFETY: owner-only field of a live chunk of ours.
+                    unsafe { &(*chunk).queued }.with_mut(|queued| unsafe { *queued = false });
+                    state.current = chunk;
+                    state.bump = ptr::null_mut();
+                    state.end = ptr::null_mut();
+                }
+                None => {
+                    let chunk = new_chunk(shared, class);
+                    state.current = chunk.as_ptr().cast();
+                    // SAFETY: `HEAD` is within the fresh `CHUNK`-byte allocation.
+                    state.bump = unsafe { chunk.as_ptr().add(HEAD) };
+                    // SAFETY: one past the end of the same allocation.
+                    state.end = unsafe { chunk.as_ptr().add(CHUNK) };
+                }
+            }
+        }
+    }
+}
+
+/// Takes every chunk that frees have listed for `class` and moves each one's freed
+/// blocks to its local list; chunks other than the current one join `ready`.
+fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
+    let list = &shared.chunks[class];
+    // Relaxed: only a hint whether to swap; the swap is what takes.
+    if list.load(Ordering::Relaxed).is_null() {
+        return;
+    }
+    // Acquire: synchronises with the Release pushes of every chunk taken (each push a
+    // Release CAS, every later change of the list a read-modify-write, so the swap
+    // reads from the release sequence of each): their `next_freed` links are visible.
+    let mut chunk = list.swap(ptr::null_mut(), Ordering::Acquire);
+    while !chunk.is_null() {
+        // SAFETY: a listed chunk is live (chunks are never freed).
+        let head = unsafe { &*chunk };
+        // SAFETY: the link was written by the free that listed the chunk, before its
+        // push (synchronised above); no free writes it again until the swap of
+        // `freed` below empties that list.
+        let next = head.next_freed.with(|link| unsafe { *link });
+        // AcqRel. Acquire: synchronises with each free's Release push onto `freed`
+        // (the blocks' links and the freeing threads' last use of the blocks happen
+        // before we hand them out). Release: the free that next finds `freed` empty
+        // reads this swap with Acquire, so our read of `next_freed` above happens
+        // before its write of it.
+        let blocks = head.freed.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !blocks.is_null() {
+            // SAFETY: owner-only fields of a chunk of ours.
+            let local = head.local.with(|local| unsafe { *local });
+            if local.is_null() {
+                // SAFETY: as above.
+                head.local.with_mut(|local| unsafe { *local = blocks });
+            } else {
+                // Only the current chunk or a ready one has local blocks: append them.
+                let mut tail = blocks;
+                // SAFETY: the blocks taken are free and ours, links written before
+                // their pushes (synchronised by the swap).
+                while let Some(next) = NonNull::new(unsafe { (*tail).next }) {
+                    tail = next.as_ptr();
+                }
+                // SAFETY: `tail` is a free block we took.
+                unsafe { (*tail).next = local };
+                // SAFETY: owner-only field of a chunk of ours.
+                head.local.with_mut(|local| unsafe { *local = blocks });
+            }
+            // SAFETY: owner-only field.
+            let queued = head.queued.with(|queued| unsafe { *queued });
+            if chunk != state.current && !queued {
+                // SAFETY: owner-only field.
+                head.queued.with_mut(|queued| unsafe { *queued = true });
+                state.ready.push(chunk);
+            }
+        }
+        chunk = next;
+    }
+}
+
+/// Asks the CPU to bring the line at `block` into its caches; a hint, a no-op for
+/// null and on other architectures.
+#[inline(always)]
+fn prefetch(block: *const Block) {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    // SAFETY: a prefetch is a hint that never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(block.cast());
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+    let _ = block;
+}
+
+/// A fresh chunk for `class` of `heap`, its head written.
+fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
+    const _: () = assert!(core::mem::size_of::<ChunkHead>() <= HEAD);
+    let layout = chunk_layout();
+    // SAFETY: the layout has a non-zero size.
+    let chunk = unsafe { std::alloc::alloc(layout) };
+    let Some(chunk) = NonNull::new(chunk) else {
+        std::alloc::handle_alloc_error(layout);
+    };
+    // SAFETY: the chunk is fresh, `CHUNK`-aligned and larger than a `ChunkHead`.
+    unsafe {
+        chunk.cast::<ChunkHead>().write(ChunkHead {
+            heap,
+            class,
+            freed: AtomicPtr::new(ptr::null_mut()),
+            next_freed: UnsafeCell::new(ptr::null_mut()),
+            local: UnsafeCell::new(ptr::null_mut()),
+            queued: UnsafeCell::new(false),
+        });
+    }
+    chunk
+}
+
+/// Every chunk's layout: `CHUNK` bytes aligned to `CHUNK`.
+fn chunk_layout() -> Layout {
+    match Layout::from_size_align(CHUNK, CHUNK) {
+        Ok(layout) => layout,
+        Err(_) => unreachable!("CHUNK is a power of two"),
+    }
+}
+
+/// Returns `block` to the heap that allocated it, from any thread: one CAS on its
+/// chunk's `freed` list, and, when that list was empty, one more to list the chunk
+/// with its heap.
+///
+/// # Safety
+///
+/// `block` came from [`Heap::allocate`], is not used after this call, and is freed
+/// once.
+pub unsafe fn free(block: NonNull<u8>) {
+    let chunk = block
+        .as_ptr()
+        .map_addr(|address| address & !(CHUNK - 1))
+        .cast::<ChunkHead>();
+    // SAFETY: a block lies within its `CHUNK`-aligned chunk, whose head was written
+    // when the chunk was made; chunks are never freed.
+    let head = unsafe { &*chunk };
+    let block = block.cast::<Block>().as_ptr();
+    // Relaxed: the head read is only the expected value; the CAS checks it.
+    let mut first = head.freed.load(Ordering::Relaxed);
+    loop {
+        // SAFETY: the block is ours to write until the CAS publishes it (the caller's
+        // contract), and large enough for a link (every class is at least 16 bytes).
+        unsafe { block.write(Block { next: first }) };
+        // Success AcqRel. Release: publishes the link and everything this thread did
+        // with the block to the owner's Acquire swap. Acquire: when the list was
+        // empty, we are about to write the chunk's `next_freed`, which the owner read
+        // before its Release swap emptied the list (the value we replace). Failure
+        // Relaxed: the new head is again only an expected value.
+        match head
+            .freed
+            .compare_exchange_weak(first, block, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            Err(current) => first = current,
+        }
+    }
+    if !first.is_null() {
+        // The chunk is listed already (or its owner is taking it): nothing more.
+        return;
+    }
+    // We made the list non-empty: list the chunk with its heap, once until the owner
+    // empties `freed` again.
+    let list = &head.heap.chunks[head.class];
+    let mut listed = list.load(Ordering::Relaxed);
+    loop {
+        // SAFETY: only the free that made `freed` non-empty writes the link, and the
+        // owner read it before emptying `freed` (see the CAS above).
+        head.next_freed.with_mut(|link| unsafe { *link = listed });
+        // Release: publishes the link to the owner's Acquire swap of the list.
+        match list.compare_exchange_weak(listed, chunk, Ordering::Release, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(current) => listed = current,
+        }
+    }
+}
+
+/// Moves `value` into a pooled block (when [`pooled::<T>()`]) or a `Box`, and returns
+/// the pointer; [`unbox`] frees it.
+pub(crate) fn boxed<T>(value: T) -> NonNull<T> {
+    if pooled::<T>() {
+        let block = local::allocate(class_of::<T>()).cast::<T>();
+        // SAFETY: the block is fresh, at least `size_of::<T>()` bytes (its class) and
+        // 16-aligned, which `pooled` checked covers `T`'s alignment.
+        unsafe { block.write(value) };
+        block
+    } else {
+        NonNull::from(Box::leak(Box::new(value)))
+    }
+}
+
+/// Drops the `T` at `value` and frees its memory.
+///
+/// # Safety
+///
+/// `value` came from [`boxed::<T>`], is live, and is not used after this call.
+pub(crate) unsafe fn unbox<T>(value: NonNull<T>) {
+    if pooled::<T>() {
+        /// Frees the block even if `T`'s destructor panics.
+        struct Free(NonNull<u8>);
+        impl Drop for Free {
+            fn drop(&mut self) {
+                // SAFETY: `unbox`'s contract: the block is ours and freed only here.
+                unsafe { free(self.0) };
+            }
+        }
+        let _free = Free(value.cast());
+        // SAFETY: live and ours (the contract); dropped once, before the block is freed.
+        unsafe { value.as_ptr().drop_in_place() };
+    } else {
+        // SAFETY: `boxed` leaked this `Box` (not pooled), and it is ours now.
+        drop(unsafe { Box::from_raw(value.as_ptr()) });
+    }
+}
+
+/// The calling thread's heap.
+#[cfg(not(loom))]
+mod local {
+    use core::cell::RefCell;
+    use core::ptr::NonNull;
+    use std::sync::Mutex;
+
+    use super::Heap;
+
+    /// A thread's heap, made at its first allocation, abandoned at its exit (by the
+    /// heap's `Drop`).
+    struct Local(RefCell<Option<Heap>>);
+
+    std::thread_local! {
+        static LOCAL: Local = const { Local(RefCell::new(None)) };
+    }
+
+    /// Heaps whose threads have exited, to be adopted.
+    static ABANDONED: Mutex<Vec<Heap>> = Mutex::new(Vec::new());
+
+    /// For a thread whose own heap cannot be reached (its thread-local storage is
+    /// being torn down, or a global allocator re-entered the pool): a shared heap
+    /// behind a lock.
+    static SPARE: Mutex<Option<Heap>> = Mutex::new(None);
+
+    /// The abandoned heaps, poison ignored (a heap is a pointer set; a panic while
+    /// pushing or popping leaves the vector valid).
+    fn abandoned() -> std::sync::MutexGuard<'static, Vec<Heap>> {
+        ABANDONED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `heap` for the next thread that needs one.
+    pub(super) fn abandon(heap: Heap) {
+        abandoned().push(heap);
+    }
+
+    /// A heap for a thread that has none: an abandoned one, else a new one.
+    fn adopt() -> Heap {
+        abandoned().pop().unwrap_or_default()
+    }
+
+    /// A block of `class` from the calling thread's heap.
+    pub(super) fn allocate(class: usize) -> NonNull<u8> {
+        let own = LOCAL.try_with(|local| {
+            let mut heap = local.0.try_borrow_mut().ok()?;
+            Some(heap.get_or_insert_with(adopt).allocate(class))
+        });
+        if let Ok(Some(block)) = own {
+            return block;
+        }
+        let mut spare = SPARE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        spare.get_or_insert_with(adopt).allocate(class)
+    }
+}
+
+/// Under loom nothing is pooled (`pooled` is false); this only keeps `boxed` whole.
+#[cfg(loom)]
+mod local {
+    use core::ptr::NonNull;
+
+    /// Unreachable under loom.
+    pub(super) fn allocate(_class: usize) -> NonNull<u8> {
+        unreachable!("nothing is pooled under loom")
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Blocks of class 2 (48 bytes) in one chunk.
+    const PER_CHUNK: usize = (CHUNK - HEAD) / 48;
+
+    /// A block, as the tests pass it between threads and compare it.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+    struct Sent(NonNull<u8>);
+
+    // SAFETY: test-only: a block handed to the thread that frees it, as an entry's
+    // last reference is.
+    unsafe impl Send for Sent {}
+    // SAFETY: as for `Send`: the tests only read the address through a shared one.
+    unsafe impl Sync for Sent {}
+
+    impl Sent {
+        fn addr(self) -> usize {
+            self.0.as_ptr().addr()
+        }
+        fn chunk(self) -> usize {
+            self.addr() & !(CHUNK - 1)
+        }
+    }
+
+    impl PartialOrd for Sent {
+        fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+
+    impl Ord for Sent {
+        fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+            self.addr().cmp(&other.addr())
+        }
+    }
+
+    fn address(block: NonNull<u8>) -> Sent {
+        Sent(block)
+    }
+
+    fn block_at(block: Sent) -> NonNull<u8> {
+        block.0
+    }
+
+    #[test]
+    fn blocks_freed_by_another_thread_are_reused_by_their_owner_once_the_chunk_is_used_up() {
+        let mut heap = Heap::new();
+        let blocks: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        assert_eq!(blocks[1].addr() - blocks[0].addr(), 48);
+        let (first, second) = (blocks[3], blocks[7]);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for block in [first, second] {
+                    // SAFETY: both blocks are ours, used no more, freed once each.
+                    unsafe { free(block_at(block)) };
+                }
+            });
+        });
+        // Last freed, first reused; then, with nothing free, a new chunk.
+        assert_eq!(address(heap.allocate(2)), second);
+        assert_eq!(address(heap.allocate(2)), first);
+        let fresh = address(heap.allocate(2));
+        assert_ne!(fresh.chunk(), blocks[0].chunk());
+        for block in blocks.into_iter().chain([fresh]) {
+            // SAFETY: ours, freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    #[test]
+    fn frees_into_an_older_chunk_are_found_when_the_current_one_is_used_up() {
+        let mut heap = Heap::new();
+        let old: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let newer: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        assert_ne!(old[0].chunk(), newer[0].chunk());
+        // Free half of the old chunk and one of the newer, from another thread.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for &block in old.iter().step_by(2).chain([&newer[5]]) {
+                    // SAFETY: ours, used no more, freed once.
+                    unsafe { free(block_at(block)) };
+                }
+            });
+        });
+        let mut again: Vec<Sent> = (0..old.len().div_ceil(2) + 1)
+            .map(|_| address(heap.allocate(2)))
+            .collect();
+        again.sort_unstable();
+        let mut expected: Vec<Sent> = old.iter().step_by(2).copied().chain([newer[5]]).collect();
+        expected.sort_unstable();
+        assert_eq!(
+            again, expected,
+            "exactly the freed blocks come back, each once"
+        );
+        for block in old.into_iter().chain(newer) {
+            // SAFETY: every block is allocated again now; freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    #[test]
+    fn a_chunk_is_used_up_before_the_next_and_classes_do_not_mix() {
+        let mut heap = Heap::new();
+        let per_chunk = (CHUNK - HEAD) / 64;
+        let blocks: Vec<_> = (0..per_chunk + 1).map(|_| heap.allocate(3)).collect();
+        let chunk_of = |block: &NonNull<u8>| block.as_ptr().addr() & !(CHUNK - 1);
+        assert!(blocks[..per_chunk]
+            .iter()
+            .all(|block| chunk_of(block) == chunk_of(&blocks[0])));
+        assert_ne!(chunk_of(&blocks[per_chunk]), chunk_of(&blocks[0]));
+        let other = heap.allocate(0);
+        assert_ne!(chunk_of(&other), chunk_of(&blocks[per_chunk]));
+        for block in blocks.into_iter().chain([other]) {
+            // SAFETY: ours, freed once each.
+            unsafe { free(block) };
+        }
+    }
+
+    #[test]
+    fn boxed_values_are_dropped_once_and_large_ones_use_the_global_allocator() {
+        static DROPS: AtomicUsize = AtomicUsize::new(0);
+        struct Counted([u64; 4]);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                assert_eq!(self.0, [7; 4]);
+                DROPS.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        assert!(pooled::<Counted>());
+        assert!(!pooled::<[u8; LARGEST + 1]>());
+        assert!(!pooled::<()>());
+        let value = boxed(Counted([7; 4]));
+        // SAFETY: from `boxed`, used no more.
+        unsafe { unbox(value) };
+        assert_eq!(DROPS.load(Ordering::Relaxed), 1);
+        let large = boxed([3_u8; LARGEST + 1]);
+        // SAFETY: from `boxed`, used no more.
+        unsafe { unbox(large) };
+    }
+
+    #[test]
+    fn a_heap_outlives_its_thread_and_its_next_owner_reuses_what_was_freed() {
+        // The owner thread exits and hands its heap on, as a thread's exit abandons
+        // it and the next thread adopts it.
+        let (heap, blocks) = std::thread::spawn(|| {
+            let mut heap = Heap::new();
+            let blocks: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+            (heap, blocks)
+        })
+        .join()
+        .expect("owner");
+        // A third thread frees a block while the heap has no owner running.
+        let freed = blocks[11];
+        std::thread::spawn(move || {
+            // SAFETY: allocated above, used no more, freed once.
+            unsafe { free(block_at(freed)) };
+        })
+        .join()
+        .expect("freer");
+        let reused = std::thread::spawn(move || {
+            let mut heap = heap;
+            address(heap.allocate(2))
+        })
+        .join()
+        .expect("adopter");
+        assert_eq!(reused, freed);
+        for block in blocks {
+            // SAFETY: every block is allocated again now; freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    #[test]
+    fn the_thread_local_heap_serves_a_thread_after_another_has_exited() {
+        let first = std::thread::spawn(|| address(local::allocate(1)))
+            .join()
+            .expect("thread");
+        let second = std::thread::spawn(|| address(local::allocate(1)))
+            .join()
+            .expect("thread");
+        assert_ne!(first, second, "both blocks are still allocated");
+        for block in [first, second] {
+            // SAFETY: allocated above, used no more, freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+}
