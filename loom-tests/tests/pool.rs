@@ -59,27 +59,34 @@ fn blocks_freed_by_other_threads_come_back_once_without_a_race() {
     model(|| {
         let mut heap = Heap::new();
         let per_chunk = (CHUNK - HEAD) / SIZE;
+        assert_eq!(
+            per_chunk, 3,
+            "the model is written for three blocks a chunk"
+        );
         let blocks: Vec<usize> = (0..per_chunk)
             .map(|_| heap.allocate(CLASS).as_ptr() as usize)
             .collect();
         for &block in &blocks {
             claim(block, true, 0);
         }
-        let freed = [blocks[0], blocks[1]];
-        let freers: Vec<_> = freed
-            .iter()
-            .enumerate()
-            .map(|(index, &block)| {
+        // One thread frees the first block, another the other two: then every block
+        // of the chunk is back, and the owner keeps it as its spare.
+        let freed = [blocks[0], blocks[1], blocks[2]];
+        let freers: Vec<_> = [vec![blocks[0]], vec![blocks[1], blocks[2]]]
+            .into_iter()
+            .map(|mine| {
                 thread::spawn(move || {
-                    // SAFETY: handed to this thread, used here last.
-                    unsafe { &*cell(block) }.with_mut(|slot| unsafe { *slot = index + 1 });
-                    trace(format!("free {block:#x}"));
-                    // SAFETY: allocated by the heap, freed once, used no more.
-                    unsafe { free(NonNull::new(block as *mut u8).expect("block")) };
+                    for block in mine {
+                        // SAFETY: handed to this thread, used here last.
+                        unsafe { &*cell(block) }.with_mut(|slot| unsafe { *slot = block });
+                        trace(format!("free {block:#x}"));
+                        // SAFETY: allocated by the heap, freed once, used no more.
+                        unsafe { free(NonNull::new(block as *mut u8).expect("block")) };
+                    }
                 })
             })
             .collect();
-        let mut live: HashSet<usize> = blocks[2..].iter().copied().collect();
+        let mut live: HashSet<usize> = blocks[3..].iter().copied().collect();
         let mut known: HashSet<usize> = blocks.iter().copied().collect();
         let mut returned = 0;
         let mut take = |heap: &mut Heap, live: &mut HashSet<usize>, returned: &mut usize| {
@@ -102,13 +109,13 @@ fn blocks_freed_by_other_threads_come_back_once_without_a_race() {
         for freer in freers {
             freer.join().expect("freer");
         }
-        // Both freed blocks come back: at most after the rest of a new chunk.
-        for _ in 0..per_chunk + 1 {
-            if returned == 2 {
+        // The freed blocks come back: at most after the rest of a new chunk.
+        for _ in 0..2 * per_chunk {
+            if returned == freed.len() {
                 break;
             }
             take(&mut heap, &mut live, &mut returned);
         }
-        assert_eq!(returned, 2, "both freed blocks came back, once each");
+        assert_eq!(returned, freed.len(), "every freed block came back, once");
     });
 }

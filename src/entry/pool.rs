@@ -5,32 +5,39 @@
 //! creates timers owns a [`Heap`] of 32 KiB chunks, one size class per chunk (16-byte
 //! steps up to [`LARGEST`] bytes). A thread allocates from its own heap without an
 //! atomic read-modify-write: from its local free list, else by bumping through its
-//! newest chunk. Any thread frees a block by pushing it onto the owning heap's
-//! *remote* free list for that class, one compare-and-swap; the owner takes a whole
-//! remote list at once, with one swap, when its local list runs dry. Entries are
+//! current chunk. Any thread frees a block by pushing it onto its chunk's `freed`
+//! list, one compare-and-swap (the free that makes the list non-empty also lists the
+//! chunk with its heap, a second one); when its current chunk runs dry, the owner
+//! takes the heap's list of such chunks and each one's `freed` list whole, one swap
+//! each, and moves to a chunk with free blocks. Blocks handed out one after another
+//! so lie in one 32 KiB chunk, not across the whole heap. Entries are
 //! mostly freed by a shard thread (the service's reference is dropped last after a
 //! fire), so the free that `malloc` made cross-arena under the arena's lock becomes a
 //! push, and an entry with a 16-byte capture takes 48 bytes, with no `malloc` header
 //! or rounding.
 //!
 //! Finding the owner: chunks are aligned to their size, so a block's chunk is its
-//! address with the low 15 bits cleared, and the chunk's first cache line names the
-//! heap and the class.
+//! address with the low 15 bits cleared, and the chunk's head names the heap and the
+//! class.
 //!
-//! Memory is kept, not returned: a heap keeps its chunks for reuse for the life of
-//! the process. When a thread exits, its heap is abandoned to a global list, and the
-//! next thread that needs a heap adopts it (chunks, free lists, and the remote lists
-//! that frees have filled meanwhile), so the memory held is bounded by the peak of
-//! entries alive at once plus one partly used chunk per class per heap, and the
-//! number of heaps by the most threads that created timers at the same time.
+//! Memory comes back by the chunk: the owner counts the blocks of each chunk that
+//! are out, and when it takes back the last one, the chunk becomes its class's spare
+//! (started afresh before a new chunk is allocated) or, if there is one already, is
+//! returned to the global allocator. A chunk with any entry alive stays. When a
+//! thread exits, its heap is abandoned to a global list, and the next thread that
+//! needs a heap adopts it (chunks, free lists, and the lists that frees have filled
+//! meanwhile): until then the abandoned heap's chunks stay allocated. A heap's own
+//! record (2 KiB) is never freed, since frees into its chunks may come at any time;
+//! there are at most as many as threads that created timers at the same time.
 //!
 //! Entries larger than [`LARGEST`] bytes or aligned above 16 go to the global
 //! allocator, as do all entries under loom (whose models track each entry's
 //! allocation; the pool's own protocol has its model, `loom-tests/tests/pool.rs`).
 //!
-//! The one cross-thread protocol is the remote free list: a Treiber stack (Treiber,
-//! "Systems Programming: Coping with Parallelism", IBM RJ 5118, 1986) whose only pop
-//! takes the whole stack. A take-all pop cannot suffer ABA: a pusher's CAS expects
+//! The cross-thread protocol is two lists, a chunk's `freed` blocks and a heap's
+//! chunks with freed blocks, each a Treiber stack (Treiber, "Systems Programming:
+//! Coping with Parallelism", IBM RJ 5118, 1986) whose only pop takes the whole
+//! stack. A take-all pop cannot suffer ABA: a pusher's CAS expects
 //! the head it read and links its block to that head, and whatever happened to the
 //! stack in between, a head equal to the one read is a correct successor.
 
@@ -57,9 +64,9 @@ pub const CHUNK: usize = 32 * 1024;
 #[cfg(loom)]
 pub const CHUNK: usize = 1024;
 
-/// Bytes at the start of a chunk kept for its [`ChunkHead`] (a cache line, so blocks
-/// do not share the head's line; more under loom, whose atomics and cells are larger).
-pub const HEAD: usize = if cfg!(loom) { 256 } else { 64 };
+/// Bytes at the start of a chunk kept for its head (two cache lines: the owner's,
+/// and the one frees touch; more under loom, whose atomics and cells are larger).
+pub const HEAD: usize = core::mem::size_of::<ChunkHead>().next_multiple_of(64);
 
 /// Whether a value of type `T` is kept in the pool (else in a `Box`).
 pub(crate) const fn pooled<T>() -> bool {
@@ -81,9 +88,24 @@ pub(crate) struct Block {
     next: *mut Block,
 }
 
-/// The first cache line of every chunk.
+/// What only a chunk's owner touches: on a cache line of its own, so that the
+/// owner's writes do not take the line that frees read and swap away from them.
+#[repr(C, align(64))]
+struct Owned {
+    /// Free blocks of this chunk taken from `freed`, to hand out.
+    local: *mut Block,
+    /// Blocks of this chunk handed out and not yet taken back from `freed`.
+    handed: usize,
+    /// Whether the chunk is in its class's `ready` queue.
+    queued: bool,
+}
+
+/// The head of every chunk, at its start.
 #[repr(C)]
 struct ChunkHead {
+    /// The owner's fields. A plain cell, not loom's: only the heap's owner touches
+    /// them (the heap is `Send`, not `Sync`).
+    owned: core::cell::UnsafeCell<Owned>,
     /// The heap whose list of chunks takes this chunk when a free makes its `freed`
     /// list non-empty. Written once, before any block of the chunk is handed out.
     heap: &'static HeapShared,
@@ -96,10 +118,23 @@ struct ChunkHead {
     /// list; read by the owner after taking the list, before it empties `freed`
     /// (which is what lets a free push the chunk again).
     next_freed: UnsafeCell<*mut ChunkHead>,
-    /// Owner only: free blocks of this chunk taken from `freed`, to hand out.
-    local: UnsafeCell<*mut Block>,
-    /// Owner only: whether the chunk is in its class's `ready` queue.
-    queued: UnsafeCell<bool>,
+}
+
+/// The owner's fields of `chunk`.
+///
+/// # Safety
+///
+/// `chunk` is a live chunk of a heap the caller owns (holds `&mut`), and no other
+/// reference to its owned fields is alive.
+#[allow(
+    clippy::mut_from_ref,
+    reason = "the owner's exclusive use, per the contract"
+)]
+unsafe fn owned<'a>(chunk: *mut ChunkHead) -> &'a mut Owned {
+    // SAFETY: the caller's contract: the chunk is live.
+    let cell = unsafe { &(*chunk).owned };
+    // SAFETY: the caller's contract: its owned fields are the owner's alone.
+    unsafe { &mut *cell.get() }
 }
 
 /// The part of a heap that other threads touch: per class, a list of chunks that
@@ -121,6 +156,9 @@ struct Class {
     end: *mut u8,
     /// Chunks with taken free blocks in their `local` list, not current.
     ready: Vec<*mut ChunkHead>,
+    /// One chunk all of whose blocks came back, kept to start afresh before a new
+    /// chunk is allocated; a second such chunk is returned to the global allocator.
+    spare: *mut ChunkHead,
 }
 
 impl Class {
@@ -131,6 +169,7 @@ impl Class {
             bump: ptr::null_mut(),
             end: ptr::null_mut(),
             ready: Vec::new(),
+            spare: ptr::null_mut(),
         })
     }
 }
@@ -203,18 +242,17 @@ impl Heap {
         let size = (class + 1) * STEP;
         loop {
             if !state.current.is_null() {
-                // SAFETY: a current chunk is live (chunks are never freed) and its
-                // owner-only fields are ours (we own the heap).
-                let local = unsafe { &(*state.current).local };
-                // SAFETY: owner-only, as above.
-                let first = local.with(|head| unsafe { *head });
-                if let Some(block) = NonNull::new(first) {
+                // SAFETY: the current chunk is live (a chunk is freed only when none
+                // of its blocks is out and it is neither current nor queued) and
+                // ours; no other reference to its owned fields is alive.
+                let owned = unsafe { owned(state.current) };
+                if let Some(block) = NonNull::new(owned.local) {
                     // SAFETY: a block on a local list is free and ours; its link was
                     // written before it reached the list (by its free, which our
                     // Acquire swap of `freed` synchronised with).
                     let next = unsafe { (*block.as_ptr()).next };
-                    // SAFETY: owner-only, as above.
-                    local.with_mut(|head| unsafe { *head = next });
+                    owned.local = next;
+                    owned.handed += 1;
                     // Blocks come back in the order they were freed, not by address:
                     // fetch the next one now, while the caller fills this one.
                     prefetch(next);
@@ -224,43 +262,45 @@ impl Heap {
                     let block = state.bump;
                     // SAFETY: at least `size` bytes remain before `end`, in the chunk.
                     state.bump = unsafe { block.add(size) };
+                    owned.handed += 1;
                     // SAFETY: `block` points into a live chunk, so it is not null.
                     return unsafe { NonNull::new_unchecked(block) };
                 }
             }
             // The current chunk has nothing left: take what frees have sent, then
-            // move to a chunk with free blocks, else to a new chunk.
+            // move to a chunk with free blocks, else to a fresh one.
             take_freed(shared, class, state);
             if !state.current.is_null() {
-                // SAFETY: owner-only field of the live current chunk.
-                let refilled = unsafe { &(*state.current).local }.with(|head| unsafe { *head });
-                if !refilled.is_null() {
+                // SAFETY: as above.
+                if !unsafe { owned(state.current) }.local.is_null() {
                     continue;
                 }
             }
-            match state.ready.pop() {
-                Some(chunk) => {
-                    // SAFETY: owner-only field of a live chunk of ours.
-                    unsafe { &(*chunk).queued }.with_mut(|queued| unsafe { *queued = false });
-                    state.current = chunk;
-                    state.bump = ptr::null_mut();
-                    state.end = ptr::null_mut();
-                }
-                None => {
-                    let chunk = new_chunk(shared, class);
-                    state.current = chunk.as_ptr().cast();
-                    // SAFETY: `HEAD` is within the fresh `CHUNK`-byte allocation.
-                    state.bump = unsafe { chunk.as_ptr().add(HEAD) };
-                    // SAFETY: one past the end of the same allocation.
-                    state.end = unsafe { chunk.as_ptr().add(CHUNK) };
-                }
+            if let Some(chunk) = state.ready.pop() {
+                // SAFETY: a queued chunk is live and ours.
+                unsafe { owned(chunk) }.queued = false;
+                state.current = chunk;
+                state.bump = ptr::null_mut();
+                state.end = ptr::null_mut();
+                continue;
             }
+            let chunk = match NonNull::new(core::mem::replace(&mut state.spare, ptr::null_mut())) {
+                Some(spare) => spare.cast::<u8>(),
+                None => new_chunk(shared, class),
+            };
+            state.current = chunk.as_ptr().cast();
+            // SAFETY: `HEAD` is within the `CHUNK`-byte allocation.
+            state.bump = unsafe { chunk.as_ptr().add(HEAD) };
+            // SAFETY: one past the end of the same allocation.
+            state.end = unsafe { chunk.as_ptr().add(CHUNK) };
         }
     }
 }
 
 /// Takes every chunk that frees have listed for `class` and moves each one's freed
-/// blocks to its local list; chunks other than the current one join `ready`.
+/// blocks to its local list; chunks other than the current one join `ready`, unless
+/// all their blocks are back: then the chunk becomes the class's spare, or, if it has
+/// one, is returned to the global allocator.
 fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
     let list = &shared.chunks[class];
     // Relaxed: only a hint whether to swap; the swap is what takes.
@@ -272,7 +312,8 @@ fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
     // reads from the release sequence of each): their `next_freed` links are visible.
     let mut chunk = list.swap(ptr::null_mut(), Ordering::Acquire);
     while !chunk.is_null() {
-        // SAFETY: a listed chunk is live (chunks are never freed).
+        // SAFETY: a listed chunk is live: it has a block out (the one whose free
+        // listed it is in `freed` until the swap below), so it was not returned.
         let head = unsafe { &*chunk };
         // SAFETY: the link was written by the free that listed the chunk, before its
         // push (synchronised above); no free writes it again until the swap of
@@ -284,34 +325,50 @@ fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
         // reads this swap with Acquire, so our read of `next_freed` above happens
         // before its write of it.
         let blocks = head.freed.swap(ptr::null_mut(), Ordering::AcqRel);
-        if !blocks.is_null() {
-            // SAFETY: owner-only fields of a chunk of ours.
-            let local = head.local.with(|local| unsafe { *local });
-            if local.is_null() {
-                // SAFETY: as above.
-                head.local.with_mut(|local| unsafe { *local = blocks });
-            } else {
-                // Only the current chunk or a ready one has local blocks: append them.
-                let mut tail = blocks;
-                // SAFETY: the blocks taken are free and ours, links written before
-                // their pushes (synchronised by the swap).
-                while let Some(next) = NonNull::new(unsafe { (*tail).next }) {
-                    tail = next.as_ptr();
-                }
-                // SAFETY: `tail` is a free block we took.
-                unsafe { (*tail).next = local };
-                // SAFETY: owner-only field of a chunk of ours.
-                head.local.with_mut(|local| unsafe { *local = blocks });
-            }
-            // SAFETY: owner-only field.
-            let queued = head.queued.with(|queued| unsafe { *queued });
-            if chunk != state.current && !queued {
-                // SAFETY: owner-only field.
-                head.queued.with_mut(|queued| unsafe { *queued = true });
-                state.ready.push(chunk);
-            }
-        }
+        chunk_back(chunk, blocks, state);
         chunk = next;
+    }
+}
+
+/// Files the free blocks `blocks` (a list, possibly empty) taken from `chunk`'s
+/// `freed`, and the chunk itself: on its local list and in `ready`, or, with all its
+/// blocks back, as the spare or returned.
+fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) {
+    let Some(first) = NonNull::new(blocks) else {
+        return;
+    };
+    // SAFETY: the chunk is live and ours (see `take_freed`); no other reference to
+    // its owned fields is alive.
+    let owned = unsafe { owned(chunk) };
+    let mut tail = first.as_ptr();
+    let mut count = 1;
+    // SAFETY: the blocks taken are free and ours, their links written before their
+    // pushes (synchronised by the swap in `take_freed`).
+    while let Some(next) = NonNull::new(unsafe { (*tail).next }) {
+        tail = next.as_ptr();
+        count += 1;
+    }
+    owned.handed -= count;
+    if owned.handed == 0 && chunk != state.current && !owned.queued {
+        // Every block is back and nobody can free into the chunk any more (a free's
+        // last touch of the chunk is its push, which the swap has taken): keep it as
+        // the spare, to start afresh, or return it.
+        owned.local = ptr::null_mut();
+        if state.spare.is_null() {
+            state.spare = chunk;
+        } else {
+            // SAFETY: made by `new_chunk` with this layout; no block of it is out, it
+            // is on no list and neither current, queued nor the spare.
+            unsafe { std::alloc::dealloc(chunk.cast(), chunk_layout()) };
+        }
+        return;
+    }
+    // SAFETY: `tail` is a free block we took.
+    unsafe { (*tail).next = owned.local };
+    owned.local = first.as_ptr();
+    if chunk != state.current && !owned.queued {
+        owned.queued = true;
+        state.ready.push(chunk);
     }
 }
 
@@ -340,12 +397,15 @@ fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
     // SAFETY: the chunk is fresh, `CHUNK`-aligned and larger than a `ChunkHead`.
     unsafe {
         chunk.cast::<ChunkHead>().write(ChunkHead {
+            owned: core::cell::UnsafeCell::new(Owned {
+                local: ptr::null_mut(),
+                handed: 0,
+                queued: false,
+            }),
             heap,
             class,
             freed: AtomicPtr::new(ptr::null_mut()),
             next_freed: UnsafeCell::new(ptr::null_mut()),
-            local: UnsafeCell::new(ptr::null_mut()),
-            queued: UnsafeCell::new(false),
         });
     }
     chunk
@@ -622,6 +682,39 @@ mod tests {
         );
         for block in old.into_iter().chain(newer) {
             // SAFETY: every block is allocated again now; freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    #[test]
+    fn a_chunk_whose_blocks_all_came_back_is_kept_as_the_spare_and_a_second_returned() {
+        let mut heap = Heap::new();
+        let first: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let second: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let third: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for &block in first.iter().chain(&second) {
+                    // SAFETY: ours, used no more, freed once.
+                    unsafe { free(block_at(block)) };
+                }
+            });
+        });
+        // The third chunk is used up: the next allocation takes the two freed chunks
+        // back; one becomes the spare and is started afresh, in address order; the
+        // other is returned (Miri would report a use of it after that).
+        let again: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let spare = if again[0] == first[0] {
+            &first
+        } else {
+            &second
+        };
+        assert_eq!(&again, spare, "the spare chunk, from its start");
+        let fresh = address(heap.allocate(2));
+        assert_ne!(fresh.chunk(), again[0].chunk());
+        assert_ne!(fresh.chunk(), third[0].chunk());
+        for block in again.into_iter().chain(third).chain([fresh]) {
+            // SAFETY: ours, freed once each.
             unsafe { free(block_at(block)) };
         }
     }
