@@ -97,7 +97,9 @@
 //!
 //! - `entry`: the entry allocation, its reference count, the callback cell (owned by
 //!   the winner of the state CAS, dropped last by a canceller) and the shard-only
-//!   wheel place;
+//!   wheel place; `entry/pool.rs`: the per-thread heaps entries live in (a block's
+//!   chunk found by masking its address; blocks freed from any thread through the
+//!   chunk's lock-free list, taken back only by the owner);
 //! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
 //! - `shard` (one block, `ShardShared::port`) and its `core`: the shard outlives every
 //!   message it waits for, and claims each wheel pointer once;
