@@ -70,10 +70,10 @@ fn every_workload_passes_its_own_checks_and_the_csv_says_where_it_ran() {
     assert_eq!(
         workloads,
         [
+            "delayed",
             "keepalive",
             "keepalive-cs",
             "rpc",
-            "delayed",
             "burst",
             "heartbeat",
             "backpressure",

@@ -72,6 +72,7 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
     let due = tracker.base;
     let meter = Meter::start();
     let start = Instant::now();
+    let fresh = super::memory_is_fresh();
     let allocated_before = crate::alloc::allocated();
     let bar = common.progress("burst", timers as u64);
     std::thread::scope(|scope| {
@@ -131,6 +132,9 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
         drain.as_secs_f64() * 1e3,
         rate / 1e6
     ));
+    if !fresh {
+        notes.push(super::NOT_FRESH.to_owned());
+    }
     let late_comer = mid.late_comer_us.load(Ordering::SeqCst);
     let tick_us = common.tick.as_micros().max(1) as u64;
     notes.push(format!(
@@ -156,7 +160,7 @@ pub(crate) fn run(common: &Common, timers: usize) -> WorkloadReport {
         early,
         lost,
         duplicated,
-        bytes_per_pending: Some(allocated as f64 / timers as f64),
+        bytes_per_pending: fresh.then(|| allocated as f64 / timers as f64),
         capture_bytes: 16,
         process,
         notes,

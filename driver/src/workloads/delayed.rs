@@ -24,6 +24,7 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
     let horizon = common.scaled(horizon_s);
     let tracker = Tracker::leak(jobs, Instant::now(), horizon);
     let meter = Meter::start();
+    let fresh = super::memory_is_fresh();
     let allocated_before = crate::alloc::allocated();
     let bar = common.progress("delayed", jobs as u64);
     let start = Instant::now();
@@ -76,13 +77,18 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
         tracker.unfired_in(0..jobs)
     };
     let process = meter.stop();
+    let bytes_per_pending = fresh.then(|| allocated as f64 / pending.max(1) as f64);
     let mut notes = vec![format!(
-        "{jobs} jobs over {:.1} s: scheduled in {:.0} ms, {pending} pending at once, \
-         {:.0} bytes allocated per pending job including its 16-byte closure",
+        "{jobs} jobs over {:.1} s: scheduled in {:.0} ms, {pending} pending at once{}",
         horizon.as_secs_f64(),
         schedule_time.as_secs_f64() * 1e3,
-        allocated as f64 / pending.max(1) as f64
+        bytes_per_pending.map_or_else(String::new, |bytes| format!(
+            ", {bytes:.0} bytes allocated per pending job including its 16-byte closure"
+        ))
     )];
+    if !fresh {
+        notes.push(super::NOT_FRESH.to_owned());
+    }
     if fired_meanwhile > 0 {
         notes.push(format!(
             "{fired_meanwhile} jobs fired while scheduling was still going on"
@@ -99,7 +105,7 @@ pub(crate) fn run(common: &Common, jobs: usize, horizon_s: f64) -> WorkloadRepor
         early,
         lost,
         duplicated,
-        bytes_per_pending: Some(allocated as f64 / pending.max(1) as f64),
+        bytes_per_pending,
         capture_bytes: 16,
         process,
         notes,
