@@ -1,4 +1,5 @@
-//! The timer entry: one heap allocation per timer holding its state word (with the
+//! The timer entry: one allocation per timer (a block of its creating thread's entry
+//! pool, [`pool`]; `Box` above 256 bytes) holding its state word (with the
 //! reference count), id, deadline (in nanoseconds from the service clock's tick 0, so
 //! that a handle needs nothing of its service to read it), its place in the shard's wheel, and the
 //! callback itself: a 32-byte [`Header`], then the callback.
