@@ -433,7 +433,11 @@ pub unsafe fn free(block: NonNull<u8>) {
         .map_addr(|address| address & !(CHUNK - 1))
         .cast::<ChunkHead>();
     // SAFETY: a block lies within its `CHUNK`-aligned chunk, whose head was written
-    // when the chunk was made; chunks are never freed.
+    // when the chunk was made. The chunk is live until this call returns: its owner
+    // returns a chunk only once it has taken back every block, and it can take ours
+    // only from a `freed` list it reached through the heap's list of chunks, which
+    // (if our push below makes `freed` non-empty) our own listing, this call's last
+    // touch of the chunk, puts it on.
     let head = unsafe { &*chunk };
     let block = block.cast::<Block>().as_ptr();
     // Relaxed: the head read is only the expected value; the CAS checks it.
@@ -714,6 +718,43 @@ mod tests {
         assert_ne!(fresh.chunk(), again[0].chunk());
         assert_ne!(fresh.chunk(), third[0].chunk());
         for block in again.into_iter().chain(third).chain([fresh]) {
+            // SAFETY: ours, freed once each.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    #[test]
+    fn frees_racing_the_owner_never_hand_a_block_out_twice() {
+        // Miri checks the race for data races too, on fewer blocks.
+        let chunks = if cfg!(miri) { 2 } else { 8 };
+        let mut heap = Heap::new();
+        let blocks: Vec<Sent> = (0..chunks * PER_CHUNK)
+            .map(|_| address(heap.allocate(2)))
+            .collect();
+        let even: Vec<Sent> = blocks.iter().copied().step_by(2).collect();
+        let odd: Vec<Sent> = blocks.iter().copied().skip(1).step_by(2).collect();
+        let mut live: std::collections::HashSet<Sent> = std::collections::HashSet::new();
+        std::thread::scope(|scope| {
+            for half in [&even, &odd] {
+                scope.spawn(move || {
+                    for &block in half {
+                        // SAFETY: each block is in one half only, ours until freed
+                        // below; the owner writes it only after taking it back.
+                        unsafe { block_at(block).as_ptr().wrapping_add(8).write(0xA5) };
+                        // SAFETY: as above.
+                        unsafe { free(block_at(block)) };
+                    }
+                });
+            }
+            // Meanwhile the owner allocates as much again, writing each block.
+            for _ in 0..chunks * PER_CHUNK {
+                let block = heap.allocate(2);
+                // SAFETY: a block just handed out is ours.
+                unsafe { block.as_ptr().wrapping_add(8).write(0x5A) };
+                assert!(live.insert(address(block)), "a block handed out twice");
+            }
+        });
+        for block in live {
             // SAFETY: ours, freed once each.
             unsafe { free(block_at(block)) };
         }
