@@ -634,46 +634,50 @@ mod tests {
         block.0
     }
 
+    /// A chunk's worth of class-2 blocks from `heap`.
+    fn a_chunk_of_blocks(heap: &mut Heap) -> Vec<Sent> {
+        (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect()
+    }
+
+    /// Frees `blocks` on this thread.
+    fn free_all(blocks: impl IntoIterator<Item = Sent>) {
+        for block in blocks {
+            // SAFETY: every caller passes blocks it allocated and uses no more, each
+            // once.
+            unsafe { free(block_at(block)) };
+        }
+    }
+
+    /// Frees `blocks` on another thread, as a shard frees an entry a producer made.
+    fn free_on_another_thread(blocks: impl IntoIterator<Item = Sent> + Send) {
+        std::thread::scope(|scope| {
+            scope.spawn(|| free_all(blocks));
+        });
+    }
+
     #[test]
     fn blocks_freed_by_another_thread_are_reused_by_their_owner_once_the_chunk_is_used_up() {
         let mut heap = Heap::new();
-        let blocks: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let blocks: Vec<Sent> = a_chunk_of_blocks(&mut heap);
         assert_eq!(blocks[1].addr() - blocks[0].addr(), 48);
         let (first, second) = (blocks[3], blocks[7]);
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                for block in [first, second] {
-                    // SAFETY: both blocks are ours, used no more, freed once each.
-                    unsafe { free(block_at(block)) };
-                }
-            });
-        });
+        free_on_another_thread([first, second]);
         // Last freed, first reused; then, with nothing free, a new chunk.
         assert_eq!(address(heap.allocate(2)), second);
         assert_eq!(address(heap.allocate(2)), first);
         let fresh = address(heap.allocate(2));
         assert_ne!(fresh.chunk(), blocks[0].chunk());
-        for block in blocks.into_iter().chain([fresh]) {
-            // SAFETY: ours, freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        free_all(blocks.into_iter().chain([fresh]));
     }
 
     #[test]
     fn frees_into_an_older_chunk_are_found_when_the_current_one_is_used_up() {
         let mut heap = Heap::new();
-        let old: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
-        let newer: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let old: Vec<Sent> = a_chunk_of_blocks(&mut heap);
+        let newer: Vec<Sent> = a_chunk_of_blocks(&mut heap);
         assert_ne!(old[0].chunk(), newer[0].chunk());
         // Free half of the old chunk and one of the newer, from another thread.
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                for &block in old.iter().step_by(2).chain([&newer[5]]) {
-                    // SAFETY: ours, used no more, freed once.
-                    unsafe { free(block_at(block)) };
-                }
-            });
-        });
+        free_on_another_thread(old.iter().copied().step_by(2).chain([newer[5]]));
         let mut again: Vec<Sent> = (0..old.len().div_ceil(2) + 1)
             .map(|_| address(heap.allocate(2)))
             .collect();
@@ -684,30 +688,21 @@ mod tests {
             again, expected,
             "exactly the freed blocks come back, each once"
         );
-        for block in old.into_iter().chain(newer) {
-            // SAFETY: every block is allocated again now; freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        // Every block is allocated again now.
+        free_all(old.into_iter().chain(newer));
     }
 
     #[test]
     fn a_chunk_whose_blocks_all_came_back_is_kept_as_the_spare_and_a_second_returned() {
         let mut heap = Heap::new();
-        let first: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
-        let second: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
-        let third: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                for &block in first.iter().chain(&second) {
-                    // SAFETY: ours, used no more, freed once.
-                    unsafe { free(block_at(block)) };
-                }
-            });
-        });
+        let first: Vec<Sent> = a_chunk_of_blocks(&mut heap);
+        let second: Vec<Sent> = a_chunk_of_blocks(&mut heap);
+        let third: Vec<Sent> = a_chunk_of_blocks(&mut heap);
+        free_on_another_thread(first.iter().chain(&second).copied());
         // The third chunk is used up: the next allocation takes the two freed chunks
         // back; one becomes the spare and is started afresh, in address order; the
         // other is returned (Miri would report a use of it after that).
-        let again: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+        let again: Vec<Sent> = a_chunk_of_blocks(&mut heap);
         let spare = if again[0] == first[0] {
             &first
         } else {
@@ -717,10 +712,7 @@ mod tests {
         let fresh = address(heap.allocate(2));
         assert_ne!(fresh.chunk(), again[0].chunk());
         assert_ne!(fresh.chunk(), third[0].chunk());
-        for block in again.into_iter().chain(third).chain([fresh]) {
-            // SAFETY: ours, freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        free_all(again.into_iter().chain(third).chain([fresh]));
     }
 
     #[test]
@@ -754,10 +746,7 @@ mod tests {
                 assert!(live.insert(address(block)), "a block handed out twice");
             }
         });
-        for block in live {
-            // SAFETY: ours, freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        free_all(live);
     }
 
     #[test]
@@ -806,7 +795,7 @@ mod tests {
         // it and the next thread adopts it.
         let (heap, blocks) = std::thread::spawn(|| {
             let mut heap = Heap::new();
-            let blocks: Vec<Sent> = (0..PER_CHUNK).map(|_| address(heap.allocate(2))).collect();
+            let blocks: Vec<Sent> = a_chunk_of_blocks(&mut heap);
             (heap, blocks)
         })
         .join()
@@ -826,10 +815,8 @@ mod tests {
         .join()
         .expect("adopter");
         assert_eq!(reused, freed);
-        for block in blocks {
-            // SAFETY: every block is allocated again now; freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        // Every block is allocated again now.
+        free_all(blocks);
     }
 
     #[test]
@@ -841,9 +828,6 @@ mod tests {
             .join()
             .expect("thread");
         assert_ne!(first, second, "both blocks are still allocated");
-        for block in [first, second] {
-            // SAFETY: allocated above, used no more, freed once each.
-            unsafe { free(block_at(block)) };
-        }
+        free_all([first, second]);
     }
 }
