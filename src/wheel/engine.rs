@@ -78,9 +78,6 @@ pub(crate) struct Wheel<R> {
 struct Draining<R> {
     /// The list they came from; their places still name it.
     from: u16,
-    /// The tick the slot was taken at: an entry whose deadline is later (a cascading
-    /// entry, or one reset later) is filed again rather than handed out.
-    tick: u64,
     /// The entries; `entries[next..]` still wait.
     entries: Vec<R>,
     /// The first entry not yet handed out.
@@ -198,73 +195,96 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         let mut reserved = budget / 2;
         self.work_backlog(store, &mut reserved, expired);
         let mut left = budget - budget / 2;
-        let was_draining = self.draining.is_some();
-        if !was_draining {
+        if self.draining.is_none() {
             // No backlog (left): what came due since may have the whole budget.
             left += reserved;
             reserved = 0;
         }
-        let mut reached = self.yield_overdue(&mut left, store, expired);
-        if !was_draining && self.draining.is_some() {
-            // The overdue list became the backlog: half of what is left is its.
-            reserved = left / 2;
-            left -= reserved;
+        // Each round: what came due since, then the backlog. A backlog taken from a
+        // higher-level slot re-files its entries that are not due yet as it is worked
+        // through, against the current tick, which is behind `now` until the round
+        // ends; so the wheel may hold entries due by `now` again after the backlog
+        // empties, and the round repeats until nothing held is due by `now` (then, and
+        // only then, the wheel may stand at `now`) or the budget is spent. A round
+        // that repeats has emptied the backlog, and each repeat files entries only at
+        // lower levels, so this ends.
+        loop {
+            let was_draining = self.draining.is_some();
+            let mut reached = self.yield_overdue(&mut left, store, expired);
+            if !was_draining && self.draining.is_some() {
+                // The overdue list became the backlog: half of what is left is its.
+                let half = left / 2;
+                reserved += half;
+                left -= half;
+            }
+            while reached {
+                let Some((level, slot, start)) = self.next_occupied() else {
+                    break;
+                };
+                if start > now {
+                    break;
+                }
+                debug_assert!(
+                    start >= self.now,
+                    "engine invariant: slot start {start} before now {}",
+                    self.now
+                );
+                let count = self.levels[level].slots[slot].len();
+                if left == 0 || (count > left && self.draining.is_some()) {
+                    // Due, and this call cannot take it: the next call starts here.
+                    reached = false;
+                    break;
+                }
+                self.now = start;
+                let lvl = &mut self.levels[level];
+                lvl.occupied &= !(1u64 << slot);
+                let mut entries = core::mem::take(&mut lvl.slots[slot]);
+                let list = (level * SLOTS_PER_LEVEL + slot) as u16;
+                let mut handed = 0;
+                while handed < entries.len() && left > 0 {
+                    let entry = entries[handed];
+                    handed += 1;
+                    left -= self.hand_out(store, entry, start, expired);
+                }
+                if handed < entries.len() {
+                    // Out of budget mid-slot: the rest drains from here. (No batch
+                    // drains already: then only a slot that fits whole is taken, and
+                    // each entry uses at most one unit of budget.)
+                    debug_assert!(self.draining.is_none(), "engine invariant: one backlog");
+                    self.draining = Some(Draining {
+                        from: list,
+                        entries,
+                        next: handed,
+                    });
+                    reached = false;
+                    break;
+                }
+                // Entries cascade only to lower levels, so this slot is still empty.
+                if entries.capacity() <= RETAINED_LIST_CAPACITY {
+                    entries.clear();
+                    self.levels[level].slots[slot] = entries;
+                }
+            }
+            left += reserved;
+            reserved = 0;
+            self.work_backlog(store, &mut left, expired);
+            if !reached || self.draining.is_some() {
+                return false;
+            }
+            let due_held = !self.overdue.is_empty()
+                || self
+                    .next_occupied()
+                    .is_some_and(|(_, _, start)| start <= now);
+            if !due_held {
+                self.now = self.now.max(now);
+                return true;
+            }
+            if left == 0 {
+                // Due entries the backlog re-filed wait for the next call, which
+                // `next_expiry` (at or before `now`) announces.
+                return false;
+            }
         }
-        while reached {
-            let Some((level, slot, start)) = self.next_occupied() else {
-                break;
-            };
-            if start > now {
-                break;
-            }
-            debug_assert!(
-                start >= self.now,
-                "engine invariant: slot start {start} before now {}",
-                self.now
-            );
-            let count = self.levels[level].slots[slot].len();
-            if left == 0 || (count > left && self.draining.is_some()) {
-                // Due, and this call cannot take it: the next call starts here.
-                reached = false;
-                break;
-            }
-            self.now = start;
-            let lvl = &mut self.levels[level];
-            lvl.occupied &= !(1u64 << slot);
-            let mut entries = core::mem::take(&mut lvl.slots[slot]);
-            let list = (level * SLOTS_PER_LEVEL + slot) as u16;
-            let mut handed = 0;
-            while handed < entries.len() && left > 0 {
-                let entry = entries[handed];
-                handed += 1;
-                left -= self.hand_out(store, entry, start, expired);
-            }
-            if handed < entries.len() {
-                // Out of budget mid-slot: the rest drains from here. (No batch drains
-                // already: then only a slot that fits whole is taken, and each entry
-                // uses at most one unit of budget.)
-                debug_assert!(self.draining.is_none(), "engine invariant: one backlog");
-                self.draining = Some(Draining {
-                    from: list,
-                    tick: start,
-                    entries,
-                    next: handed,
-                });
-                reached = false;
-                break;
-            }
-            // Entries cascade only to lower levels, so this slot is still empty.
-            if entries.capacity() <= RETAINED_LIST_CAPACITY {
-                entries.clear();
-                self.levels[level].slots[slot] = entries;
-            }
-        }
-        left += reserved;
-        self.work_backlog(store, &mut left, expired);
-        if reached {
-            self.now = self.now.max(now);
-        }
-        reached && self.draining.is_none()
     }
 
     /// Works through the backlog (the draining batch) while `left` allows.
@@ -277,12 +297,16 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         let Some(batch) = &mut self.draining else {
             return;
         };
-        let (tick, entries, mut next) =
-            (batch.tick, core::mem::take(&mut batch.entries), batch.next);
+        let (entries, mut next) = (core::mem::take(&mut batch.entries), batch.next);
+        // Against the current tick, not the one the batch was taken at: slots after
+        // the batch's may have come due since, and an entry of the batch due by now
+        // (a cascading entry, or one reset later) comes out now, before anything filed
+        // after it, rather than going to the back of the overdue list. An entry not
+        // due yet is filed where it belongs from the current tick.
         while next < entries.len() && *left > 0 {
             let entry = entries[next];
             next += 1;
-            *left -= self.hand_out(store, entry, tick, expired);
+            *left -= self.hand_out(store, entry, self.now, expired);
         }
         if next < entries.len() {
             let batch = self.draining.as_mut().expect("still draining");
@@ -318,7 +342,6 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         if self.draining.is_none() {
             self.draining = Some(Draining {
                 from: OVERDUE_LIST,
-                tick: self.now,
                 entries: core::mem::take(&mut self.overdue),
                 next: 0,
             });
