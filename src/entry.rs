@@ -408,13 +408,17 @@ impl EntryRef {
     /// which drops the callback last (ground rule 2).
     pub fn cancel<S: CancelSink>(&self, port: &CancelPort<S>) -> Option<CancelledCallback<'_>> {
         match self.header().state.try_cancel() {
-            Cancel::Won { filed, running } => {
+            Cancel::Won {
+                filed,
+                running,
+                queued,
+            } => {
                 if filed {
                     // SAFETY: we won Pending → Cancelled with FILED set; this is the
                     // one cancel message the shard waits for.
                     unsafe { port.send_cancel(self.clone()) };
                 }
-                Some(CancelledCallback::new(self, !running))
+                Some(CancelledCallback::new(self, !running, queued))
             }
             Cancel::Lost(_) => None,
         }
@@ -424,9 +428,13 @@ impl EntryRef {
     /// dropping the value drops the callback (unless a run holds it).
     pub fn cancel_detached(&self) -> Option<CancelledCallback<'_>> {
         match self.header().state.try_cancel_detached() {
-            Cancel::Won { filed, running } => {
+            Cancel::Won {
+                filed,
+                running,
+                queued,
+            } => {
                 debug_assert!(!filed, "a detached entry is never filed");
-                Some(CancelledCallback::new(self, !running))
+                Some(CancelledCallback::new(self, !running, queued))
             }
             Cancel::Lost(_) => None,
         }

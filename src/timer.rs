@@ -475,9 +475,20 @@ impl Inner {
         for shard in self.shards.iter() {
             let mut returned = 0;
             for entry in shard.take_late() {
-                if entry.detach().state() == TimerState::Pending {
-                    pending.push(entry);
-                    returned += 1;
+                match entry.detach().state() {
+                    TimerState::Pending => {
+                        pending.push(entry);
+                        returned += 1;
+                    }
+                    // A handle cancelled it on the late list: out of the wheel and not
+                    // running, so it sent no message and no runner saw it; it is
+                    // counted here, once (only this loop takes it off the list).
+                    TimerState::Cancelled => {
+                        crate::dispatch::RunSink::count_run_cancelled(shard);
+                    }
+                    // Never: a repeating timer's runs leave it pending, and nothing
+                    // fires an entry before this loop detaches it; nothing to count.
+                    TimerState::Fired => {}
                 }
             }
             // ORDERING: Relaxed: a statistic.

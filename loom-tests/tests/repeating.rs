@@ -9,11 +9,16 @@
 //! Asserts: the callback is dropped exactly once — by the canceller when no run is
 //! under way, by the runner when the cancel lands during the run — and never while it
 //! runs (loom checks the cell); the core ends up holding nothing and awaiting no
-//! message; the entry is freed exactly once (`Track`).
-//! Seeded bug that makes it fail: `EntryRef::cancel` owning the callback even when
-//! `RUNNING` is set (`CancelledCallback::new(self, true)`): the canceller then drops it
-//! under the running callback: "Causality violation: Concurrent write accesses to
-//! `UnsafeCell`".
+//! message; the entry is freed exactly once (`Track`). And a `true` cancel is final:
+//! a cancel that won while the run was handed over but not started (`QUEUED`, which
+//! the cancel reports as `stopped_run`) means the callback is never called; the
+//! callback is called at most once.
+//! Seeded bugs that make it fail (each checked): `EntryRef::cancel` owning the
+//! callback even when `RUNNING` is set (`CancelledCallback::new(self, true, queued)`):
+//! the canceller then drops it under the running callback: "Causality violation:
+//! Concurrent write accesses to `UnsafeCell`". `RunningEntry::call` not starting the
+//! run by `begin_call` (calling whatever the state; the code before issue 29's defect
+//! 8): "a run started after a cancel that returned true".
 //! Second model: a run ending across the shard's shutdown (`ShardShared::refile_run`,
 //! the `late` list and its seal, as `shutdown` collects it; a shutdown called from the
 //! timer's own callback is the case where the run ends after the seal).
@@ -54,11 +59,15 @@ impl Drop for DropCount {
 }
 
 /// A fresh shard with a repeating timer (period 1 s) filed in its wheel, due at tick
-/// 0; the callback's captures count their drops in `dropped`. Returns the shard, its
-/// core and the timer's handle.
-fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, EntryRef) {
+/// 0; the callback's captures count their drops in `dropped`, its calls in `calls`.
+/// Returns the shard, its core and the timer's handle.
+fn filed_repeating(
+    dropped: &Arc<AtomicUsize>,
+    calls: &Arc<AtomicUsize>,
+) -> (Arc<ShardShared>, ShardCore, EntryRef) {
     let (shared, mut core) = loom_tests::shard::new(2);
     let capture = DropCount(dropped.clone());
+    let calls = calls.clone();
     let start = Instant::now();
     let (handle, service) = EntryRef::new_repeating(
         next_id(),
@@ -67,6 +76,7 @@ fn filed_repeating(dropped: &Arc<AtomicUsize>) -> (Arc<ShardShared>, ShardCore, 
         Duration::from_secs(1),
         move || {
             let _capture = &capture;
+            calls.fetch_add(1, Ordering::SeqCst);
             trace("run");
         },
     );
@@ -103,20 +113,31 @@ fn spawn_runner(shared: &Arc<ShardShared>, runs: Vec<RunningEntry>) -> thread::J
 fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
     model(|| {
         let dropped = Arc::new(AtomicUsize::new(0));
-        let (shared, mut core, handle) = filed_repeating(&dropped);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (shared, mut core, handle) = filed_repeating(&dropped, &calls);
         let cancelled = Arc::new(AtomicBool::new(false));
         let canceller = {
             let (shared, cancelled) = (shared.clone(), cancelled.clone());
             thread::spawn(move || {
                 let won = handle.cancel(&shared.port());
-                trace(format!("cancel won: {}", won.is_some()));
+                let stopped_run = won.as_ref().is_some_and(|won| won.stopped_run());
+                trace(format!(
+                    "cancel won: {}, stopped a queued run: {stopped_run}",
+                    won.is_some()
+                ));
                 drop(won);
                 cancelled.store(true, Ordering::SeqCst);
+                stopped_run
             })
         };
         let runner = spawn_runner(&shared, start_runs(&mut core));
         runner.join().unwrap();
-        canceller.join().unwrap();
+        let stopped_run = canceller.join().unwrap();
+        let calls = calls.load(Ordering::SeqCst);
+        assert!(calls <= 1, "one run at most before the cancel");
+        if stopped_run {
+            assert_eq!(calls, 0, "a run started after a cancel that returned true");
+        }
         // Let the core settle: take the re-filed run (or discard it), take messages.
         loop {
             core.drain_inserts();
@@ -137,7 +158,8 @@ fn a_cancel_during_a_run_leaves_the_drop_to_the_runner() {
 fn a_run_ending_across_shutdown_is_handed_back_or_cancelled_exactly_once() {
     model(|| {
         let dropped = Arc::new(AtomicUsize::new(0));
-        let (shared, mut core, handle) = filed_repeating(&dropped);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (shared, mut core, handle) = filed_repeating(&dropped, &calls);
         let runner = spawn_runner(&shared, start_runs(&mut core));
         let unfired = core.shut_down();
         let late = shared.take_late();

@@ -63,11 +63,30 @@ impl RunTask {
     }
 
     /// Runs the callback once and ends the run (see the type's docs); the executor's
-    /// and the inline dispatch's way in.
+    /// and the inline dispatch's way in. If a handle's cancel won while the run
+    /// waited for a worker, the run does not start: a `true` cancel is final (the
+    /// timer's state word decides which came first, `entry/state.rs`); it only ends,
+    /// counting the cancel and dropping the callback.
     pub fn run(mut self) {
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.running.call()));
-        self.end(outcome.err());
+        match outcome {
+            Ok(true) => self.end(None),
+            Ok(false) => self.end_unstarted(),
+            Err(panic) => self.end(Some(panic)),
+        }
+    }
+
+    /// Ends a run that a cancel stopped before it started: no next run is scheduled
+    /// (the timer is cancelled), the cancel is counted, and the callback is dropped.
+    fn end_unstarted(self) {
+        let RunTask { running, home, .. } = self;
+        // Counted first: the cancel is final, and the callback (user code) is dropped
+        // last, after the service's bookkeeping.
+        home.count_run_cancelled();
+        if let Some(entry) = running.finish() {
+            unreachable!("run invariant: a run that lost its start was cancelled ({entry:?})");
+        }
     }
 
     /// Ends the run: schedules the next at the fixed rate, counting the runs skipped,

@@ -23,7 +23,11 @@
 //! Memory comes back by the chunk: the owner counts the blocks of each chunk that
 //! are out, and when it takes back the last one, the chunk becomes its class's spare
 //! (started afresh before a new chunk is allocated) or, if there is one already, is
-//! returned to the global allocator. A chunk with any entry alive stays. When a
+//! returned to the global allocator, whether it was current, waiting in `ready` or
+//! neither. The owner takes back what frees have sent for *every* class whenever
+//! it collects for one (its current chunk of that class used up), so a class the
+//! thread stopped using gives its chunks back at the thread's next collection of any
+//! class: at most one spare per class stays. A chunk with any entry alive stays. When a
 //! thread exits, its heap is abandoned to a global list, and the next thread that
 //! needs a heap adopts it (chunks, free lists, and the lists that frees have filled
 //! meanwhile): until then the abandoned heap's chunks stay allocated. A heap's own
@@ -159,6 +163,9 @@ struct Class {
     /// One chunk all of whose blocks came back, kept to start afresh before a new
     /// chunk is allocated; a second such chunk is returned to the global allocator.
     spare: *mut ChunkHead,
+    /// Set when a chunk in `ready` got its last block back: `ready` then holds a
+    /// chunk to retire (unless the owner made it current meanwhile).
+    emptied: bool,
 }
 
 impl Class {
@@ -170,6 +177,7 @@ impl Class {
             end: ptr::null_mut(),
             ready: Vec::new(),
             spare: ptr::null_mut(),
+            emptied: false,
         })
     }
 }
@@ -181,6 +189,8 @@ pub struct Heap {
     shared: &'static HeapShared,
     /// Per class: the current chunk, its bump region, the ready chunks.
     classes: [Class; CLASSES],
+    /// Chunks this heap holds: allocated and not returned.
+    held: usize,
 }
 
 // SAFETY: a `Heap` is owned by one thread at a time; its raw pointers lead to chunks
@@ -205,6 +215,7 @@ impl Drop for Heap {
         local::abandon(Heap {
             shared: self.shared,
             classes: core::mem::replace(&mut self.classes, Class::none()),
+            held: core::mem::take(&mut self.held),
         });
     }
 }
@@ -224,7 +235,15 @@ impl Heap {
         Heap {
             shared,
             classes: Class::none(),
+            held: 0,
         }
+    }
+
+    /// The chunks this heap holds (allocated and not yet returned to the global
+    /// allocator), spares included; for the loom model of their return.
+    #[cfg(loom)]
+    pub fn held_chunks(&self) -> usize {
+        self.held
     }
 
     /// A block of class `class` (`(class + 1) * 16` bytes, 16-aligned), uninitialised.
@@ -238,9 +257,9 @@ impl Heap {
     /// cannot be allocated.
     pub fn allocate(&mut self, class: usize) -> NonNull<u8> {
         let shared = self.shared;
-        let state = &mut self.classes[class];
         let size = (class + 1) * STEP;
         loop {
+            let state = &mut self.classes[class];
             if !state.current.is_null() {
                 // SAFETY: the current chunk is live (a chunk is freed only when none
                 // of its blocks is out and it is neither current nor queued) and
@@ -267,9 +286,11 @@ impl Heap {
                     return unsafe { NonNull::new_unchecked(block) };
                 }
             }
-            // The current chunk has nothing left: take what frees have sent, then
-            // move to a chunk with free blocks, else to a fresh one.
-            take_freed(shared, class, state);
+            // The current chunk has nothing left: take what frees have sent (for
+            // every class, so that a class no longer used gives its chunks back),
+            // then move to a chunk with free blocks, else to a fresh one.
+            self.held -= collect(shared, &mut self.classes);
+            let state = &mut self.classes[class];
             if !state.current.is_null() {
                 // SAFETY: as above.
                 if !unsafe { owned(state.current) }.local.is_null() {
@@ -286,7 +307,10 @@ impl Heap {
             }
             let chunk = match NonNull::new(core::mem::replace(&mut state.spare, ptr::null_mut())) {
                 Some(spare) => spare.cast::<u8>(),
-                None => new_chunk(shared, class),
+                None => {
+                    self.held += 1;
+                    new_chunk(shared, class)
+                }
             };
             state.current = chunk.as_ptr().cast();
             // SAFETY: `HEAD` is within the `CHUNK`-byte allocation.
@@ -297,20 +321,35 @@ impl Heap {
     }
 }
 
+/// Takes what frees have sent for every class ([`take_freed`]) and retires each
+/// chunk whose blocks have all come back (see [`retire`]). Returns the chunks
+/// returned to the global allocator.
+fn collect(shared: &HeapShared, classes: &mut [Class; CLASSES]) -> usize {
+    let mut returned = 0;
+    for (class, state) in classes.iter_mut().enumerate() {
+        returned += take_freed(shared, class, state);
+        if state.emptied {
+            returned += retire_emptied_ready(state);
+        }
+    }
+    returned
+}
+
 /// Takes every chunk that frees have listed for `class` and moves each one's freed
 /// blocks to its local list; chunks other than the current one join `ready`, unless
-/// all their blocks are back: then the chunk becomes the class's spare, or, if it has
-/// one, is returned to the global allocator.
-fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
+/// all their blocks are back: then the chunk is retired ([`chunk_back`]). Returns
+/// the chunks returned to the global allocator.
+fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) -> usize {
     let list = &shared.chunks[class];
     // Relaxed: only a hint whether to swap; the swap is what takes.
     if list.load(Ordering::Relaxed).is_null() {
-        return;
+        return 0;
     }
     // Acquire: synchronises with the Release pushes of every chunk taken (each push a
     // Release CAS, every later change of the list a read-modify-write, so the swap
     // reads from the release sequence of each): their `next_freed` links are visible.
     let mut chunk = list.swap(ptr::null_mut(), Ordering::Acquire);
+    let mut returned = 0;
     while !chunk.is_null() {
         // SAFETY: a listed chunk is live: it has a block out (the one whose free
         // listed it is in `freed` until the swap below), so it was not returned.
@@ -325,17 +364,20 @@ fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) {
         // reads this swap with Acquire, so our read of `next_freed` above happens
         // before its write of it.
         let blocks = head.freed.swap(ptr::null_mut(), Ordering::AcqRel);
-        chunk_back(chunk, blocks, state);
+        returned += chunk_back(chunk, blocks, state);
         chunk = next;
     }
+    returned
 }
 
 /// Files the free blocks `blocks` (a list, possibly empty) taken from `chunk`'s
 /// `freed`, and the chunk itself: on its local list and in `ready`, or, with all its
-/// blocks back, as the spare or returned.
-fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) {
+/// blocks back, retired: if it is current, at once; if it waits in `ready`, by the
+/// collection's [`retire_emptied_ready`]. Returns the chunks returned to the global
+/// allocator (0 or 1).
+fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) -> usize {
     let Some(first) = NonNull::new(blocks) else {
-        return;
+        return 0;
     };
     // SAFETY: the chunk is live and ours (see `take_freed`); no other reference to
     // its owned fields is alive.
@@ -349,27 +391,75 @@ fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) {
         count += 1;
     }
     owned.handed -= count;
-    if owned.handed == 0 && chunk != state.current && !owned.queued {
-        // Every block is back and nobody can free into the chunk any more (a free's
-        // last touch of the chunk is its push, which the swap has taken): keep it as
-        // the spare, to start afresh, or return it.
-        owned.local = ptr::null_mut();
-        if state.spare.is_null() {
-            state.spare = chunk;
-        } else {
-            // SAFETY: made by `new_chunk` with this layout; no block of it is out, it
-            // is on no list and neither current, queued nor the spare.
-            unsafe { std::alloc::dealloc(chunk.cast(), chunk_layout()) };
+    if owned.handed == 0 && !owned.queued {
+        // Every block is back and nobody can free into the chunk any more (see
+        // `retire`): stop handing out from it if it is current, and retire it.
+        if chunk == state.current {
+            state.current = ptr::null_mut();
+            state.bump = ptr::null_mut();
+            state.end = ptr::null_mut();
         }
-        return;
+        // SAFETY: a live chunk of ours with no block out, now neither current nor
+        // queued, on no list (its listing was taken above) and not the spare (a spare
+        // has no block out to come back).
+        return unsafe { retire(chunk, &mut state.spare) };
     }
     // SAFETY: `tail` is a free block we took.
     unsafe { (*tail).next = owned.local };
     owned.local = first.as_ptr();
-    if chunk != state.current && !owned.queued {
+    if owned.handed == 0 {
+        // Queued in `ready`: retired by the collection, after this take.
+        state.emptied = true;
+    } else if chunk != state.current && !owned.queued {
         owned.queued = true;
         state.ready.push(chunk);
     }
+    0
+}
+
+/// Retires the chunks in `state.ready` whose blocks have all come back (see
+/// [`retire`]); returns how many were returned to the global allocator.
+fn retire_emptied_ready(state: &mut Class) -> usize {
+    state.emptied = false;
+    let mut returned = 0;
+    let spare = &mut state.spare;
+    state.ready.retain(|&chunk| {
+        // SAFETY: a queued chunk is live and ours; no other reference to its owned
+        // fields is alive.
+        let owned = unsafe { owned(chunk) };
+        if owned.handed != 0 {
+            return true;
+        }
+        owned.queued = false;
+        // SAFETY: live and ours, no block out, leaving `ready` here; not current
+        // (a current chunk is never queued) and on no list (no block in `freed`).
+        returned += unsafe { retire(chunk, spare) };
+        false
+    });
+    returned
+}
+
+/// Makes `chunk` the class's spare (to start afresh) if it has none, else returns it
+/// to the global allocator; returns 1 if it was returned. No free can touch the
+/// chunk any more: every block is back, and a free's last touch of its chunk is its
+/// push onto `freed` (or, when that push made the list non-empty, its listing of the
+/// chunk, which happened before the owner took the list and the block with it).
+///
+/// # Safety
+///
+/// `chunk` is a live chunk of a heap the caller owns, no block of it is out or in
+/// `freed`, and it is neither current, queued nor `spare`.
+unsafe fn retire(chunk: *mut ChunkHead, spare: &mut *mut ChunkHead) -> usize {
+    // SAFETY: live and ours (the contract).
+    unsafe { owned(chunk) }.local = ptr::null_mut();
+    if spare.is_null() {
+        *spare = chunk;
+        return 0;
+    }
+    // SAFETY: made by `new_chunk` with this layout; nothing refers to it any more
+    // (the contract).
+    unsafe { std::alloc::dealloc(chunk.cast(), chunk_layout()) };
+    1
 }
 
 /// Asks the CPU to bring the line at `block` into its caches; a hint, a no-op for
@@ -713,6 +803,39 @@ mod tests {
         assert_ne!(fresh.chunk(), again[0].chunk());
         assert_ne!(fresh.chunk(), third[0].chunk());
         free_all(again.into_iter().chain(third).chain([fresh]));
+    }
+
+    #[test]
+    fn chunks_of_a_class_no_longer_used_come_back_at_the_next_collection_of_any_class() {
+        let mut heap = Heap::new();
+        // Three chunks of 224-byte blocks (class 13), all freed by another thread; the
+        // owner then allocates only 48-byte blocks (class 2).
+        let per_chunk = (CHUNK - HEAD) / 224;
+        let big: Vec<Sent> = (0..3 * per_chunk)
+            .map(|_| address(heap.allocate(13)))
+            .collect();
+        assert_eq!(heap.held, 3);
+        free_on_another_thread(big);
+        let small = address(heap.allocate(2));
+        assert_eq!(
+            heap.held, 2,
+            "class 13 keeps one spare, returns two; class 2 has its first chunk"
+        );
+        // The current chunk of a class comes back too, once its blocks have: a half
+        // used one, freed, is retired (here: returned, class 13 has its spare).
+        let some: Vec<Sent> = (0..per_chunk / 2)
+            .map(|_| address(heap.allocate(13)))
+            .collect();
+        assert_eq!(heap.held, 2, "started afresh from the spare");
+        let more: Vec<Sent> = (0..per_chunk).map(|_| address(heap.allocate(13))).collect();
+        assert_eq!(heap.held, 3, "a second chunk, current now");
+        free_on_another_thread(some.into_iter().chain(more));
+        let rest: Vec<Sent> = a_chunk_of_blocks(&mut heap);
+        assert_eq!(
+            heap.held, 3,
+            "class 13: one spare kept, one returned; class 2: a second chunk"
+        );
+        free_all(rest.into_iter().chain([small]));
     }
 
     #[test]

@@ -191,14 +191,19 @@ impl RunningEntry {
         self.entry().deadline()
     }
 
-    /// Runs the callback once, in place. Call [`finish`](Self::finish) either way.
+    /// Starts the run and runs the callback once, in place; returns whether it ran.
+    /// `false`: a cancel won while the run waited to start (its `true` is final, so
+    /// the run does not start). Call [`finish`](Self::finish) either way, once.
     ///
     /// # Panics
     ///
     /// If the callback panics (the panic propagates). The `expect`s inside cannot fire:
     /// a `RunningEntry` is always an unfinished repeating entry.
-    pub fn call(&mut self) {
+    pub fn call(&mut self) -> bool {
         let entry = self.entry();
+        if entry.header().state.begin_call() != super::Fire::Won {
+            return false;
+        }
         let call = entry
             .header()
             .vtable
@@ -207,6 +212,7 @@ impl RunningEntry {
         // SAFETY: the entry is live (we hold a reference) and repeating, and we hold
         // RUNNING, so the callback is ours and initialised.
         unsafe { call(entry.0) };
+        true
     }
 
     /// Counts this run and sets the deadline of the next one (`to_ns` of the next
@@ -246,7 +252,7 @@ impl RunningEntry {
     /// (`FILED` is clear while `RUNNING` is set).
     pub fn try_cancel(&self) -> bool {
         match self.entry().header().state.try_cancel() {
-            super::Cancel::Won { filed, running } => {
+            super::Cancel::Won { filed, running, .. } => {
                 debug_assert!(
                     running && !filed,
                     "run invariant: a running entry is unfiled (would be a lost message)"

@@ -7,7 +7,7 @@
 //! | 0–1 | the [`TimerState`]: `PENDING` = 0, `FIRED` = 1, `CANCELLED` = 2 |
 //! | 2 | `FILED`: the shard has taken the entry from its insert ring (it is in the wheel, or held aside) |
 //! | 3 | `DETACHED`: shutdown handed the entry back as an `Unfired`; handles can no longer cancel or reset it |
-//! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not claim meanwhile |
+//! | 4 | `RESETTING`: a `reset` is storing a new deadline; the shard must not claim meanwhile. On a repeating timer, which is never reset, the same bit is `QUEUED`: its run is handed over (`RUNNING`) and has not started |
 //! | 5 | `MOVING`: a reset moved the deadline earlier and its move message is outstanding |
 //! | 6 | `RUNNING`: a repeating timer's callback is running on the executor (out of the wheel) |
 //! | 7 | `CLAIMING`: the shard is deciding to fire; resets wait, cancels may still win |
@@ -23,7 +23,8 @@
 //! | --- | --- | --- | --- |
 //! | Pending | Pending +CLAIMING | the shard, when an entry looks due ([`StateWord::try_claim`]) | unchanged |
 //! | Pending +CLAIMING | Fired | the shard, its deadline re-read and due ([`StateWord::fire_claimed`]) | the executor task, which runs it |
-//! | Pending +CLAIMING | Pending +RUNNING −FILED | the shard, a repeating timer's run ([`StateWord::start_run_claimed`]) | the runner, until `finish_run` |
+//! | Pending +CLAIMING | Pending +RUNNING +QUEUED −FILED | the shard, a repeating timer's run ([`StateWord::start_run_claimed`]) | the runner, until `finish_run` |
+//! | Pending +RUNNING +QUEUED | Pending +RUNNING | the runner, starting the callback ([`StateWord::begin_call`]; fails once Cancelled, and the run then does not start) | unchanged |
 //! | any +CLAIMING | −CLAIMING | the shard, not due after all or cancelled meanwhile ([`StateWord::release_claim`]) | unchanged |
 //! | Pending | Fired | `Unfired::run` ([`StateWord::try_fire`]) | the caller of `run` |
 //! | Pending | Cancelled | a handle's `cancel` ([`StateWord::try_cancel`], fails once `DETACHED`) or a dropped `Unfired` ([`StateWord::try_cancel_detached`]) | the canceller, which drops it last |
@@ -32,10 +33,21 @@
 //! | Pending | Pending +RESETTING | a handle's `reset` ([`StateWord::begin_reset`]) | unchanged |
 //! | Pending +RESETTING | −RESETTING (+MOVING if earlier and not detached) | the same `reset` ([`StateWord::finish_reset`]) | unchanged |
 //! | — | −MOVING | the shard, processing the move message ([`StateWord::clear_moving`]) | unchanged |
-//! | Pending/Cancelled +RUNNING | −RUNNING | the runner ([`StateWord::finish_run`]) | the entry again (Pending), or the runner drops it (Cancelled) |
+//! | Pending/Cancelled +RUNNING | −RUNNING −QUEUED | the runner ([`StateWord::finish_run`]) | the entry again (Pending), or the runner drops it (Cancelled) |
 //!
 //! A cancel that wins while `RUNNING` is set leaves the callback to the runner, which
 //! drops it after the run.
+//!
+//! # A cancel against a queued run
+//!
+//! A `true` cancel is final: no run starts after it, including one the shard already
+//! handed to the executor that has not started. The run starts by one CAS
+//! ([`StateWord::begin_call`]: Pending +QUEUED → Pending, clearing `QUEUED`) and a
+//! cancel is one CAS (Pending → Cancelled); both are RMWs of this word, so one comes
+//! first in its modification order. If the cancel does, `begin_call` reads Cancelled
+//! and the callback is never called (the runner only drops it); if `begin_call` does,
+//! the run had started when the cancel won, and that run finishes. The cancel learns
+//! which from its own RMW (`Cancel::Won::queued`).
 //!
 //! # Why a claim bit, not a sequence
 //!
@@ -75,6 +87,11 @@ const FILED: u32 = 0b100;
 const DETACHED: u32 = 0b1000;
 /// Set while a reset stores its new deadline.
 const RESETTING: u32 = 1 << 4;
+/// Set on a repeating timer from the hand-over of a run until the runner starts the
+/// callback. The bit of `RESETTING`: only `EntryRef::reset` sets that, and it refuses a
+/// repeating timer before touching the word, so the two never meet on one entry (and
+/// `try_claim` refuses a word with `RUNNING`, which `QUEUED` always comes with).
+const QUEUED: u32 = RESETTING;
 /// Set while a move message is outstanding.
 const MOVING: u32 = 1 << 5;
 /// Set while a repeating timer's callback runs.
@@ -135,12 +152,16 @@ impl core::fmt::Debug for Snapshot {
 pub enum Cancel {
     /// This call moved Pending → Cancelled. `filed` says whether the entry was in its
     /// shard's wheel at that moment (so the shard must be told); `running` whether a
-    /// repeating timer's run was under way (so the runner drops the callback).
+    /// repeating timer's run was under way (so the runner drops the callback);
+    /// `queued` whether that run had not started yet (it now never starts).
     Won {
         /// `FILED` was set when the CAS succeeded.
         filed: bool,
         /// `RUNNING` was set when the CAS succeeded.
         running: bool,
+        /// `RUNNING` and `QUEUED` were set when the CAS succeeded: the run was handed
+        /// over and had not started; `begin_call` now fails.
+        queued: bool,
     },
     /// Expiry or an earlier cancel won; the state found.
     Lost(TimerState),
@@ -270,10 +291,12 @@ impl StateWord {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => {
+                    let running = current & RUNNING != 0;
                     return Cancel::Won {
                         filed: current & FILED != 0,
-                        running: current & RUNNING != 0,
-                    }
+                        running,
+                        queued: running && current & QUEUED != 0,
+                    };
                 }
                 Err(actual) => current = actual,
             }
@@ -342,11 +365,46 @@ impl StateWord {
     }
 
     /// Ends a claim by starting a repeating timer's run: Pending stays, `FILED` clears
-    /// (the entry leaves the wheel for the run) and `RUNNING` sets. `Won` means the
-    /// caller owns the callback until [`finish_run`](Self::finish_run). Shard thread
+    /// (the entry leaves the wheel for the run), `RUNNING` and `QUEUED` set. `Won`
+    /// means the caller owns the callback until [`finish_run`](Self::finish_run), and
+    /// may call it only after winning [`begin_call`](Self::begin_call). Shard thread
     /// only.
     pub(crate) fn start_run_claimed(&self) -> Fire {
-        self.end_claim(|current| (current & !(CLAIMING | FILED)) | RUNNING)
+        self.end_claim(|current| (current & !(CLAIMING | FILED)) | RUNNING | QUEUED)
+    }
+
+    /// The runner starts the callback of a run handed over by
+    /// [`start_run_claimed`](Self::start_run_claimed): Pending +QUEUED → Pending
+    /// (clearing `QUEUED`). `Lost` if a cancel won first: the run must not start (the
+    /// runner still ends it with `finish_run`, and drops the callback). Runner only,
+    /// once per run, while it holds `RUNNING`.
+    pub(crate) fn begin_call(&self) -> Fire {
+        // ORDERING: Relaxed first read; the CAS below validates it.
+        let mut current = self.0.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(
+                current & RUNNING != 0 && current & QUEUED != 0,
+                "run invariant: the runner holds RUNNING and its run has not started"
+            );
+            if current & STATE_MASK != PENDING {
+                return Fire::Lost;
+            }
+            // ORDERING: Relaxed, success and failure: the decision is this RMW's place
+            // in the word's modification order against the cancel's CAS (RMWs of one
+            // atomic are totally ordered, and a cancel that happened-before us is
+            // earlier in it, so we read Cancelled); no data changes hands here: the
+            // runner owns the callback since the hand-over (the executor's queue
+            // synchronises), and `finish_run`'s AcqRel orders what it did with it.
+            match self.0.compare_exchange_weak(
+                current,
+                current & !QUEUED,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Fire::Won,
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// Ends a claim with `next(current)` if the entry is still pending; otherwise (a
@@ -387,13 +445,13 @@ impl StateWord {
         self.0.fetch_and(!CLAIMING, Ordering::Release);
     }
 
-    /// The runner ends a run: clears `RUNNING`. Returns whether the timer is still
-    /// pending (then the runner files it again); if it was cancelled meanwhile, the
-    /// runner owns the callback and drops it.
+    /// The runner ends a run: clears `RUNNING` (and `QUEUED`, if the run never
+    /// started). Returns whether the timer is still pending (then the runner files it
+    /// again); if it was cancelled meanwhile, the runner owns the callback and drops it.
     pub(crate) fn finish_run(&self) -> bool {
         // ORDERING: AcqRel: Release hands the callback (mutated by the run) to whoever
         // takes it next; Acquire orders the runner after a cancel that won meanwhile.
-        let before = self.0.fetch_and(!RUNNING, Ordering::AcqRel);
+        let before = self.0.fetch_and(!(RUNNING | QUEUED), Ordering::AcqRel);
         before & STATE_MASK == PENDING
     }
 
@@ -523,7 +581,8 @@ mod tests {
             word.try_cancel(),
             Cancel::Won {
                 filed: false,
-                running: false
+                running: false,
+                queued: false
             }
         );
         assert_eq!(word.drop_ref(), None, "two references left");
@@ -544,7 +603,8 @@ mod tests {
             word.try_cancel(),
             Cancel::Won {
                 filed: false,
-                running: false
+                running: false,
+                queued: false
             }
         );
         assert_eq!(word.try_cancel(), Cancel::Lost(TimerState::Cancelled));
@@ -571,7 +631,8 @@ mod tests {
             word.try_cancel(),
             Cancel::Won {
                 filed: true,
-                running: false
+                running: false,
+                queued: false
             }
         );
         assert_eq!(word.detach().state(), TimerState::Cancelled);
@@ -587,7 +648,8 @@ mod tests {
             word.try_cancel_detached(),
             Cancel::Won {
                 filed: false,
-                running: false
+                running: false,
+                queued: false
             }
         );
         let word = StateWord::new(1);
@@ -597,5 +659,51 @@ mod tests {
             Fire::Won,
             "Unfired::run fires a detached entry"
         );
+    }
+
+    #[test]
+    fn a_cancel_before_a_queued_run_starts_stops_it_and_one_after_lets_it_finish() {
+        // Cancel first: the run, handed over but not started, never starts.
+        let word = StateWord::new(1);
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_claim(), Fire::Won);
+        assert_eq!(word.start_run_claimed(), Fire::Won);
+        assert_eq!(
+            word.try_cancel(),
+            Cancel::Won {
+                filed: false,
+                running: true,
+                queued: true
+            }
+        );
+        assert_eq!(word.begin_call(), Fire::Lost, "the run must not start");
+        assert!(
+            !word.finish_run(),
+            "cancelled: the runner drops the callback"
+        );
+        // The run starts first: the cancel still wins, the started run finishes.
+        let word = StateWord::new(1);
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_claim(), Fire::Won);
+        assert_eq!(word.start_run_claimed(), Fire::Won);
+        assert_eq!(word.begin_call(), Fire::Won);
+        assert_eq!(
+            word.try_cancel(),
+            Cancel::Won {
+                filed: false,
+                running: true,
+                queued: false
+            }
+        );
+        assert!(!word.finish_run());
+        // Not cancelled: the run ends pending, with neither bit left behind.
+        let word = StateWord::new(1);
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_claim(), Fire::Won);
+        assert_eq!(word.start_run_claimed(), Fire::Won);
+        assert_eq!(word.begin_call(), Fire::Won);
+        assert!(word.finish_run());
+        assert_eq!(word.mark_filed(), File::Filed);
+        assert_eq!(word.try_claim(), Fire::Won, "no RUNNING or QUEUED left");
     }
 }

@@ -71,15 +71,28 @@ pub struct CancelledCallback<'a> {
     entry: &'a EntryRef,
     /// `false` when a repeating timer's run holds the callback (the runner drops it).
     owns_callback: bool,
+    /// The cancel stopped a repeating timer's run that was handed over but had not
+    /// started: it never starts.
+    stopped_run: bool,
 }
 
 impl<'a> CancelledCallback<'a> {
     /// The callback of `entry`, whose Pending → Cancelled the caller just won.
-    pub(super) fn new(entry: &'a EntryRef, owns_callback: bool) -> Self {
+    pub(super) fn new(entry: &'a EntryRef, owns_callback: bool, stopped_run: bool) -> Self {
         CancelledCallback {
             entry,
             owns_callback,
+            stopped_run,
         }
+    }
+
+    /// Whether this cancel stopped a repeating timer's run that was handed to the
+    /// executor but had not started (that run never starts); `false` if no run was
+    /// under way, or one had started (it finishes). For the loom models, which check
+    /// that such a run never starts.
+    #[cfg(loom)]
+    pub fn stopped_run(&self) -> bool {
+        self.stopped_run
     }
 }
 
@@ -98,6 +111,7 @@ impl core::fmt::Debug for CancelledCallback<'_> {
         f.debug_struct("CancelledCallback")
             .field("entry", self.entry)
             .field("owns_callback", &self.owns_callback)
+            .field("stopped_run", &self.stopped_run)
             .finish()
     }
 }
