@@ -162,7 +162,7 @@ impl<K: Clone> CoreHome<K> {
     /// Schedules a `Sleep`'s timer at `deadline` (its entry holds the sleep's outcome
     /// and waker, `entry/sleep.rs`): shutdown cancels it (completing the sleep) instead
     /// of handing it back, and only a `try_*` future's timer
-    /// (`holds_room`) is bounded by `max_pending` (DESIGN.md guarantee 9).
+    /// (`holds_room`) is bounded by `max_pending` (guarantee 9; docs/architecture.md).
     ///
     /// # Errors
     ///

@@ -1,4 +1,4 @@
-//! Rescue of a stuck shard (issue 22; DESIGN.md, `Builder::rescue_after`): with
+//! Rescue of a stuck shard (issue 22; docs/architecture.md, `Builder::rescue_after`): with
 //! inline callbacks, one callback that blocks does not make the other timers of its
 //! shard late by the whole block: the shard that watches it fires them, once each,
 //! never early. With rescue off, they wait (the companion test shows the stall is

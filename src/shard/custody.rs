@@ -2,8 +2,8 @@
 //! thread at a time without belonging to one thread for ever. The shard's own thread
 //! holds it for each turn (and for each pop of what the turn fired, inline); another
 //! shard's thread holds it to *rescue* a shard whose own thread is stuck (inside a
-//! long inline callback, or descheduled) and fire its due timers (DESIGN.md,
-//! `Builder::rescue_after`).
+//! long inline callback, or descheduled) and fire its due timers
+//! (`Builder::rescue_after`; docs/architecture.md, "Custody and rescue").
 //!
 //! # Ground rules
 //!

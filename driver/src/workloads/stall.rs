@@ -1,6 +1,6 @@
 //! `stall`: inline callbacks, one of which blocks for 200 ms every second, beside
 //! timers due throughout. Netty's best-known weakness: a blocking callback makes every
-//! other timer of its wheel late by the whole block. With rescue (DESIGN.md,
+//! other timer of its wheel late by the whole block. With rescue (docs/architecture.md,
 //! `Builder::rescue_after`) the shard that watches a stuck shard fires its due timers;
 //! the report gives the others' lateness with rescue on (the table's row), with it
 //! off, and on the netty-style wheel, from the same load.
