@@ -7,6 +7,7 @@
 //! cargo run --release -- --compare           # the same workloads on tokio and peers, ratios
 //! cargo run --release -- --sweep producers=1,2,4,8
 //! cargo run --release -- --soak 10m          # flat memory, nothing early, lost or duplicated
+//! cargo run --release -- chaos 10m           # random operations from many threads, checked
 //! ```
 //!
 //! Each workload checks itself as it runs (no early fire, nothing lost, nothing
@@ -374,6 +375,10 @@ fn workloads_empty(run: &RunReport) -> bool {
 }
 
 fn main() {
+    // `chaos` has arguments of its own (modes/chaos.rs).
+    if std::env::args().nth(1).as_deref() == Some("chaos") {
+        std::process::exit(modes::chaos::main(std::env::args().skip(1)));
+    }
     let args = Args::parse();
     if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
         eprintln!("error: --time-scale must be a positive number");

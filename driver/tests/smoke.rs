@@ -1,6 +1,6 @@
 //! The driver end to end, small: every workload checks itself and the process exits
 //! 0; the CSV carries one column per operation kind and the machine; a short soak
-//! passes; bad arguments exit 2.
+//! passes; a 20-second chaos run finds no violation; bad arguments exit 2.
 
 use std::process::Command;
 
@@ -156,4 +156,38 @@ fn the_report_judges_lateness_for_every_workload() {
         "{}",
         verdicts[1]
     );
+}
+
+/// `chaos`: 20 s of random operations from several threads on five services in turn
+/// (pool, inline, spawner, pool, inline), every check passing.
+#[test]
+fn a_20_second_chaos_run_finds_no_violation() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sharded-timer"))
+        .args(["chaos", "20s", "--phase", "4s", "--seed", "29"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let summary = stdout
+        .lines()
+        .find(|line| line.starts_with("chaos: ") && line.contains(" phases, "))
+        .unwrap_or_else(|| panic!("no summary line: {stdout}"));
+    assert!(summary.ends_with("violations 0: PASS"), "{summary}");
+    assert!(summary.contains(" 5 phases, "), "{summary}");
+}
+
+#[test]
+fn chaos_refuses_a_bad_duration_with_exit_2() {
+    for args in [["chaos", "10d"], ["chaos", "soon"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sharded-timer"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("error"),
+            "{args:?}"
+        );
+    }
 }

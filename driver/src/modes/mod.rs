@@ -1,8 +1,10 @@
 //! The modes beside the workloads: `--compare` (sharded-timer beside its peers),
 //! its async section (`timeouts`: tokio's, pingora's and ours inside tokio tasks),
 //! `--sweep` (scaling with producer threads), `--soak` (flat memory over a long run),
-//! and `--plot`, which draws the three.
+//! `--plot`, which draws the three, and `chaos` (random operations from many threads,
+//! checked).
 
+pub(crate) mod chaos;
 pub(crate) mod compare;
 pub(crate) mod plot;
 pub(crate) mod soak;
