@@ -1,17 +1,19 @@
 //! Conversion between `Instant`s, nanoseconds ([`Nanos`]) and the service's ticks
-//! ([`Tick`]): the three forms a deadline takes, each its own type (`units.rs`), with
-//! one `NEVER` in each unit.
+//! ([`Tick`]): the three forms a deadline takes, each its own type (`units.rs`).
 //!
 //! A tick is a count of [`Builder::tick`](crate::Builder::tick) periods since
 //! the process's clock origin (one `Instant` for every service, taken when the first
-//! service starts); a service driven by a [`ManualClock`] counts from that clock's
-//! start instead (`manual.rs`). An entry keeps its deadline in **nanoseconds** from
-//! that same start, so a handle converts it with nothing of its service (tick 0 is the
-//! origin, or its manual clock's start); the shard turns it into the tick it is due at
-//! ([`Clock::due_tick`], a multiplication by a precomputed inverse of the tick length,
-//! not a division). Deadlines **round up** to a tick and "now" **rounds
-//! down**, so a timer due at tick `t` is never due before its `Instant`: that rule
-//! keeps "never early".
+//! service starts); a service driven by a [`ManualClock`] counts nanoseconds from that
+//! clock's start instead ([`Clock::manual`]: no deadline waits for a tick boundary
+//! there, since `advance` promises that every deadline not after now has fired). An
+//! entry keeps its deadline in **signed nanoseconds** from that same start, so a
+//! handle converts it with nothing of its service (tick 0 is the origin, or its manual
+//! clock's start), and an instant before the start reads back exactly; the shard turns
+//! it into the tick it is due at ([`Clock::due_tick`], a multiplication by a
+//! precomputed inverse of the tick length, not a division; tick 0 for a deadline
+//! before the start). Deadlines **round up** to a tick and "now" **rounds down**, so a
+//! timer due at tick `t` is never due before its `Instant`: that rule keeps "never
+//! early".
 
 #![forbid(unsafe_code)]
 
@@ -25,8 +27,8 @@ pub use units::{Nanos, Tick};
 
 use std::time::{Duration, Instant};
 
-/// A far-future fallback for ticks whose `Instant` the platform cannot represent.
-const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+/// A fallback for a far future the platform's `Instant` cannot represent.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// The clock origin shared by every service in the process: the `Instant` the first
 /// service started.
@@ -35,25 +37,32 @@ pub(crate) fn origin() -> Instant {
     *ORIGIN.get_or_init(Instant::now)
 }
 
-/// Nanoseconds from `start` to `deadline`: 0 before the start, [`Nanos::NEVER`] past
-/// what 64 bits of nanoseconds hold (584 years), which never comes due.
+/// Nanoseconds from `start` to `deadline`, negative before the start (exactly, back to
+/// 292 years before it), saturating at [`Nanos::FAR_FUTURE`] (292 years after it).
 pub(crate) fn ns_since(start: Instant, deadline: Instant) -> Nanos {
-    Nanos::new(
-        u64::try_from(deadline.saturating_duration_since(start).as_nanos())
-            .unwrap_or(Nanos::NEVER.get()),
-    )
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    match deadline.checked_duration_since(start) {
+        Some(after) => Nanos::new(nanos(after)),
+        None => Nanos::before(nanos(start.duration_since(deadline))),
+    }
 }
 
-/// The instant `deadline` after `start`, [`Nanos::NEVER`]'s included (584 years on),
-/// so that [`ns_since`] maps it back exactly and the order of instants is the order
-/// of nanoseconds (one meaning of "never" for every path, timers and futures alike).
-/// Only where `Instant` cannot hold that does it fall back to about a century after
-/// the start.
+/// The instant `deadline` from `start`, so that [`ns_since`] maps it back exactly and
+/// the order of instants is the order of nanoseconds ([`Nanos::FAR_FUTURE`] included:
+/// one far future for every path, timers and futures alike). Only where `Instant`
+/// cannot hold that does it fall back: to about a century after the start for the far
+/// future, to the start for a point before it that the platform cannot hold (later
+/// than asked: never early).
 pub(crate) fn instant_after(start: Instant, deadline: Nanos) -> Instant {
-    start
-        .checked_add(Duration::from_nanos(deadline.get()))
-        .or_else(|| start.checked_add(FAR_FUTURE))
-        .unwrap_or(start)
+    match deadline.offset_from_zero() {
+        Ok(after) => start
+            .checked_add(Duration::from_nanos(after))
+            .or_else(|| start.checked_add(CENTURY))
+            .unwrap_or(start),
+        Err(before) => start
+            .checked_sub(Duration::from_nanos(before))
+            .unwrap_or(start),
+    }
 }
 
 /// Nanoseconds ↔ ticks of one length: what a shard needs to file deadlines, which
@@ -76,9 +85,9 @@ impl Ticks {
         }
     }
 
-    /// The tick at which a deadline of `deadline` nanoseconds after tick 0 is due:
-    /// the first tick boundary at or after it; [`Nanos::NEVER`] maps to
-    /// [`Tick::NEVER`], which never comes due.
+    /// The tick at which a deadline of `deadline` nanoseconds from tick 0 is due:
+    /// the first tick boundary at or after it; tick 0 for a deadline before tick 0;
+    /// [`Tick::NEVER`] for [`Nanos::NEVER`] only ([`Nanos::FAR_FUTURE`]'s is before).
     ///
     /// Exact, without a division: with `m = ⌊(2⁶⁴−1)/d⌋` for the tick length `d`, the
     /// high half of `n·m` is at most `⌊n/d⌋` and at least `⌊n/d⌋ − 2` (the error of `m`
@@ -90,7 +99,9 @@ impl Ticks {
         if deadline == Nanos::NEVER {
             return Tick::NEVER;
         }
-        let deadline_ns = deadline.get();
+        let Ok(deadline_ns) = deadline.offset_from_zero() else {
+            return Tick::new(0);
+        };
         let mut quotient = ((u128::from(deadline_ns) * u128::from(self.inverse)) >> 64) as u64;
         let mut remainder = deadline_ns - quotient * self.tick_ns;
         while remainder >= self.tick_ns {
@@ -100,15 +111,12 @@ impl Ticks {
         Tick::new(quotient + u64::from(remainder != 0))
     }
 
-    /// The last nanosecond (after tick 0) whose deadlines are due at tick `now`:
+    /// The last nanosecond whose deadlines are due at tick `now` (its start):
     /// `deadline` is due by tick `now` exactly when `deadline <= due_by(now)`
-    /// ([`Nanos::NEVER`] never is: this stays at or below [`Nanos::LAST`]).
+    /// (saturating at [`Nanos::FAR_FUTURE`], which is due at its own tick;
+    /// [`Nanos::NEVER`] never is).
     pub(crate) fn due_by(&self, now: Tick) -> Nanos {
-        Nanos::new(
-            now.get()
-                .saturating_mul(self.tick_ns)
-                .min(Nanos::LAST.get()),
-        )
+        Nanos::new(now.get().saturating_mul(self.tick_ns))
     }
 
     /// The tick length in nanoseconds.
@@ -123,15 +131,37 @@ impl Ticks {
 pub(crate) struct Clock {
     /// Tick 0.
     start: Instant,
-    /// The tick length.
+    /// The tick length: the service's tick, or 1 ns under a manual clock.
     ticks: Ticks,
+    /// The service's tick ([`Builder::tick`](crate::Builder::tick)), whatever its
+    /// wheel's ticks: what counts as late (`Interval`'s missed ticks).
+    resolution: Duration,
 }
 
 impl Clock {
     /// A clock whose tick 0 is `start`. `tick` must be at least 1 ns and at most
     /// `u64::MAX` ns (checked by the builder).
     pub(crate) fn new(start: Instant, tick: Duration) -> Self {
-        Clock::at(start, u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX))
+        Clock {
+            resolution: tick,
+            ..Clock::at(start, u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX))
+        }
+    }
+
+    /// The clock of a service that a manual clock starting at `start` drives, of
+    /// service tick `tick`: its wheel's ticks are 1 ns long, so every deadline is due
+    /// at its own instant. A tick is how often a shard on the system clock wakes to
+    /// look (a deadline waits for the next boundary at most one tick); a manual clock
+    /// wakes its shards at every `advance` instead, which promises that every deadline
+    /// not after the new now has fired: a coarser grid would leave one inside the
+    /// current tick pending, and firing a whole tick would fire the rest of it early.
+    /// A deadline a whole number of service ticks from the start is due exactly then
+    /// on either grid.
+    pub(crate) fn manual(start: Instant, tick: Duration) -> Self {
+        Clock {
+            resolution: tick,
+            ..Clock::at(start, 1)
+        }
     }
 
     /// A clock whose tick 0 is `start` and whose ticks are `tick_ns` nanoseconds long.
@@ -139,7 +169,13 @@ impl Clock {
         Clock {
             start,
             ticks: Ticks::new(tick_ns),
+            resolution: Duration::from_nanos(tick_ns.max(1)),
         }
+    }
+
+    /// The service's tick (see the field).
+    pub(crate) fn resolution(&self) -> Duration {
+        self.resolution
     }
 
     /// The tick length, for the shard.
@@ -150,6 +186,12 @@ impl Clock {
     /// See [`Ticks::due_tick`].
     pub(crate) fn due_tick(&self, deadline: Nanos) -> Tick {
         self.ticks.due_tick(deadline)
+    }
+
+    /// The far future: where every deadline too far to count saturates
+    /// ([`Nanos::FAR_FUTURE`] after tick 0), and where a manual clock saturates.
+    pub(crate) fn far_future(&self) -> Instant {
+        self.ns_to_instant(Nanos::FAR_FUTURE)
     }
 
     /// Nanoseconds from tick 0 to `deadline` (see [`ns_since`]).
@@ -163,8 +205,8 @@ impl Clock {
     }
 
     /// The tick at which `deadline` is due: the first tick boundary at or after it.
-    /// Instants before the start map to tick 0; instants beyond 64 bits of
-    /// nanoseconds saturate to `u64::MAX`, which never comes due.
+    /// Instants before the start map to tick 0; instants beyond the far future
+    /// saturate to its tick.
     #[cfg(test)]
     pub(crate) fn instant_to_tick(&self, deadline: Instant) -> Tick {
         self.due_tick(self.instant_to_ns(deadline))
@@ -179,15 +221,10 @@ impl Clock {
         })
     }
 
-    /// The `Instant` at which `tick` begins. Ticks beyond what `Instant` can represent
-    /// map to a point about a century after the start (they never come due anyway).
+    /// The `Instant` at which `tick` begins, saturating at the far future (ticks
+    /// beyond it never come due).
     pub(crate) fn tick_to_instant(&self, tick: Tick) -> Instant {
-        let ns = u128::from(tick.get()) * u128::from(self.ticks.tick_ns);
-        u64::try_from(ns)
-            .ok()
-            .and_then(|ns| self.start.checked_add(Duration::from_nanos(ns)))
-            .or_else(|| self.start.checked_add(FAR_FUTURE))
-            .unwrap_or(self.start)
+        self.ns_to_instant(self.ticks.due_by(tick))
     }
 }
 
@@ -195,6 +232,9 @@ impl Clock {
 mod tests {
     use super::{Clock, Nanos, Tick};
     use std::time::{Duration, Instant};
+
+    /// [`Nanos::FAR_FUTURE`]'s count after tick 0.
+    const FAR_NS: u64 = (1 << 63) - 2;
 
     #[test]
     fn deadlines_round_up_and_now_rounds_down() {
@@ -264,13 +304,13 @@ mod tests {
                 tick_ns - 1,
                 tick_ns,
                 tick_ns.saturating_add(1),
-                u64::MAX - 1,
+                FAR_NS - 1,
+                FAR_NS,
             ];
             let random = (0..2_000).map(|_| next() >> (next() % 64));
             for ns in edges.into_iter().chain(random) {
-                if ns == u64::MAX {
-                    continue;
-                }
+                // Counts past the far future saturate there.
+                let ns = ns.min(FAR_NS);
                 assert_eq!(
                     clock.due_tick(Nanos::new(ns)),
                     Tick::new(ns.div_ceil(tick_ns)),
@@ -287,7 +327,34 @@ mod tests {
                     "not a tick before"
                 );
             }
+            assert_eq!(
+                clock.due_tick(Nanos::FAR_FUTURE),
+                Tick::new(FAR_NS.div_ceil(tick_ns))
+            );
+            assert!(clock.due_tick(Nanos::FAR_FUTURE) < Tick::NEVER);
             assert_eq!(clock.due_tick(Nanos::NEVER), Tick::NEVER);
+            assert!(clock.ticks().due_by(Tick::NEVER) < Nanos::NEVER);
+            assert_eq!(clock.due_tick(Nanos::before(1)), Tick::new(0));
+            assert_eq!(clock.due_tick(Nanos::EARLIEST), Tick::new(0));
+        }
+    }
+
+    #[test]
+    fn instants_before_the_start_read_back_exactly() {
+        let start = Instant::now() + Duration::from_secs(7_200);
+        let clock = Clock::new(start, Duration::from_millis(1));
+        for back in [1, 999, 1_000_000, 3_600_000_000_000, 7_199_999_999_999] {
+            let deadline = start - Duration::from_nanos(back);
+            let ns = clock.instant_to_ns(deadline);
+            assert_eq!(ns, Nanos::before(back));
+            assert_eq!(clock.ns_to_instant(ns), deadline, "{back} ns before");
+            assert_eq!(clock.due_tick(ns), Tick::new(0), "due at once");
+            assert!(ns < Nanos::ZERO && ns > Nanos::EARLIEST);
+        }
+        let after = start + Duration::from_nanos(1_500_001);
+        assert_eq!(clock.ns_to_instant(clock.instant_to_ns(after)), after);
+        if let Some(beyond) = start.checked_add(Duration::from_secs(1 << 40)) {
+            assert_eq!(clock.instant_to_ns(beyond), Nanos::FAR_FUTURE, "saturates");
         }
     }
 
@@ -298,6 +365,11 @@ mod tests {
         assert!(clock.tick_to_instant(Tick::NEVER) > start);
         let one_ns = Clock::new(start, Duration::from_nanos(1));
         let far = start + Duration::from_secs(1 << 40);
-        assert_eq!(one_ns.instant_to_tick(far), Tick::NEVER);
+        let far_tick = one_ns.instant_to_tick(far);
+        assert_eq!(far_tick, one_ns.due_tick(Nanos::FAR_FUTURE), "saturates");
+        assert!(
+            far_tick < Tick::NEVER,
+            "and comes due at the far future's tick"
+        );
     }
 }

@@ -80,8 +80,9 @@ pub(crate) struct Header {
     /// Functions that know the callback's type.
     vtable: &'static Vtable,
     /// The deadline, in nanoseconds from tick 0 of the service's clock (a [`Nanos`]
-    /// kept as its `u64`; `Nanos::NEVER`:
-    /// never): the latest one asked for; the shard files it by the tick it is due at
+    /// kept as its bits, ordered as time, negative before tick 0; `Nanos::FAR_FUTURE`:
+    /// the far future): the latest one asked for; the shard files it by the tick it is
+    /// due at
     /// (`ShardStore`). Written
     /// by `schedule` (before publishing) and by a reset while it holds `RESETTING`
     /// (Release; its `finish_reset` CAS publishes it) and by a repeating timer's runner
@@ -113,7 +114,7 @@ impl Header {
         let (id_low, id_high) = id.to_parts();
         Header {
             vtable,
-            deadline: AtomicU64::new(deadline.get()),
+            deadline: AtomicU64::new(deadline.to_bits()),
             state: StateWord::new(2),
             id_low,
             position: UnsafeCell::new(0),
@@ -286,7 +287,7 @@ impl EntryRef {
     pub fn deadline(&self) -> Nanos {
         // ORDERING: Acquire pairs with the Release store in `reset`, for a handle that
         // reads back a deadline another thread set.
-        Nanos::new(self.header().deadline.load(Ordering::Acquire))
+        Nanos::from_bits(self.header().deadline.load(Ordering::Acquire))
     }
 
     /// The current state.
@@ -315,7 +316,7 @@ impl EntryRef {
     /// deadline (at most `due_by` nanoseconds: `Ticks::due_by` of the shard's tick),
     /// and no reset or move is under way (see `state.rs`, "Why a claim bit").
     pub fn try_fire_due(self, due_by: Nanos) -> Due {
-        let due_by = due_by.get();
+        let due_by = due_by.to_bits();
         let header = self.header();
         if header.state.load().state() != TimerState::Pending {
             return Due::Cancelled(self);
@@ -357,7 +358,7 @@ impl EntryRef {
     /// or not yet filed; one already outstanding carries this reset too, since the
     /// shard reads the latest deadline when it arrives.
     pub fn reset<S: CancelSink>(&self, deadline: Nanos, port: &CancelPort<S>) -> bool {
-        let deadline = deadline.get();
+        let deadline = deadline.to_bits();
         let header = self.header();
         if self.is_repeating() {
             // A repeating timer keeps its fixed rate; nothing to move.

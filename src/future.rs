@@ -101,6 +101,19 @@ impl Armed {
         }
     }
 
+    /// As [`new`](Self::new), but `None` for a deadline already past: the sleep is
+    /// then armed, and completed, by its next poll (not elapsed before it).
+    fn unless_past(
+        home: &CoreHome<Arc<Inner>>,
+        deadline: Instant,
+        holds_room: bool,
+    ) -> Option<Armed> {
+        match Armed::new(home, deadline, holds_room) {
+            Armed::Elapsed => None,
+            armed => Some(armed),
+        }
+    }
+
     /// The timer's shared outcome and waker, if it has a timer.
     fn shared(&self) -> Option<&SleepShared> {
         match self {
@@ -143,8 +156,14 @@ impl Sleep {
     pub(crate) fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Sleep {
         let home = timer.sleep_home();
         Sleep {
-            armed: Some(Armed::new(&home, deadline, holds_room)),
+    ///
+    /// A deadline already past needs no timer and is left to the first poll, which
+    /// completes the sleep: until then it is not elapsed (as tokio's), since no poll
+    /// has seen it complete.
+            armed,
             home,
+        let deadline = saturated(&home, deadline);
+        let armed = Armed::unless_past(&home, deadline, holds_room);
             deadline,
         }
     }
@@ -153,8 +172,9 @@ impl Sleep {
     /// (a `Timeout`'s, an `Interval`'s), so that one never polled costs no timer.
     pub(crate) fn unarmed(timer: &ShardedTimer, deadline: Instant) -> Sleep {
         Sleep {
-            home: timer.sleep_home(),
-            deadline,
+            deadline: saturated(&home, deadline),
+            home,
+        let home = timer.sleep_home();
             armed: None,
         }
     }
@@ -166,7 +186,7 @@ impl Sleep {
 
     /// The service's tick.
     pub(crate) fn tick(&self) -> std::time::Duration {
-        std::time::Duration::from_nanos(self.home.clock().ticks().tick_ns())
+        self.home.clock().resolution()
     }
 
     /// Why the service could not keep this sleep's deadline: `Some` once the sleep has
@@ -182,13 +202,18 @@ impl Sleep {
     }
 
     /// The deadline asked for (not rounded to the tick): the last
-    /// [`reset`](Self::reset)'s, if any.
+    /// [`reset`](Self::reset)'s, if any. A deadline beyond the service clock's far
+    /// future (about 292 years after its start; `Duration::MAX` from now) saturates
+    /// there, where a [`ManualClock`](crate::ManualClock) advanced by `Duration::MAX`
+    /// reaches it.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
 
-    /// Whether the deadline has passed (the timer fired). `false` while pending, and
-    /// for a sleep that completed because its service shut down.
+    /// Whether the deadline has passed (the timer fired, or a poll found it past).
+    /// `false` while pending, before the first poll of a sleep whose deadline had
+    /// already passed when it was made or reset (as tokio's: its first poll completes
+    /// it), and for a sleep that completed because its service shut down.
     pub fn is_elapsed(&self) -> bool {
         self.armed
             .as_ref()
@@ -227,6 +252,7 @@ impl Sleep {
         this.deadline = deadline;
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
+        let deadline = saturated(&this.home, deadline);
         };
         let moved = !this.home.is_past(deadline)
             && armed.outcome() == WAITING
@@ -235,13 +261,20 @@ impl Sleep {
             return;
         }
         armed.disarm();
-        // A deadline at or before now: elapsed at once, with no timer.
-        this.armed = Some(Armed::new(&this.home, deadline, false));
+        // A deadline at or before now: no timer; the next poll completes the sleep.
+        this.armed = Armed::unless_past(&this.home, deadline, false);
     }
 }
 
 impl Future for Sleep {
     type Output = ();
+
+/// `deadline`, or the service clock's far future if it is later: where every later
+/// deadline saturates, so that a deadline a sleep reports is one its clock can reach
+/// (a [`ManualClock`](crate::ManualClock)'s `advance(Duration::MAX)` does).
+fn saturated(home: &CoreHome<Arc<Inner>>, deadline: Instant) -> Instant {
+    deadline.min(home.clock().far_future())
+}
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();

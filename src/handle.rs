@@ -153,8 +153,11 @@ impl TimerHandle {
 
     /// When the timer is due: the requested deadline (or the last successful
     /// [`reset`](Self::reset)'s), to the nanosecond; it fires at the first tick
-    /// boundary at or after it. For a delay too large to represent, a far-future
-    /// instant; such a timer never fires.
+    /// boundary at or after it (under a [`ManualClock`](crate::ManualClock), at it).
+    /// An instant before the clock's start (its manual clock's, or the first
+    /// service's) reads back exactly. A delay or instant too far ahead saturates at
+    /// the clock's far future, about 292 years after its start: on the system clock
+    /// it never comes; a manual clock's `advance(Duration::MAX)` reaches it.
     pub fn deadline(&self) -> Instant {
         instant_after(self.start(), self.entry.deadline())
     }
@@ -195,7 +198,7 @@ impl TimerHandle {
     pub fn reset(&self, delay: std::time::Duration) -> bool {
         let deadline = match self.now().checked_add(delay) {
             Some(deadline) => ns_since(self.start(), deadline),
-            None => Nanos::NEVER,
+            None => Nanos::FAR_FUTURE,
         };
         self.entry.reset(deadline, &self.port)
     }

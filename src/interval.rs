@@ -74,11 +74,12 @@ impl MissedTickBehavior {
     }
 }
 
-/// `at + by`, or about a century on when that does not fit (it never comes due).
+/// `at + by`, saturating about 292 years on (a sleep saturates a deadline past its
+/// clock's far future there).
 fn add_saturating(at: Instant, by: Duration) -> Instant {
     instant_after(
         at,
-        u64::try_from(by.as_nanos()).map_or(Nanos::NEVER, Nanos::new),
+        u64::try_from(by.as_nanos()).map_or(Nanos::FAR_FUTURE, Nanos::new),
     )
 }
 
@@ -150,6 +151,9 @@ impl Interval {
         if self.next > self.sleep.now() {
             if self.sleep.deadline() != self.next || self.sleep.is_elapsed() {
                 Pin::new(&mut self.sleep).reset(self.next);
+                // A grid point past the clock's far future saturates there, as the
+                // sleep's deadline does: the tick yields the instant it completes at.
+                self.next = self.sleep.deadline();
             }
             if Pin::new(&mut self.sleep).poll(cx).is_pending() {
                 return Poll::Pending;

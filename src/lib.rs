@@ -59,11 +59,14 @@
 //!    pending callbacks unrun. A pending [`Sleep`] or [`Timeout`] completes instead of
 //!    coming back, and says its deadline did not pass ([`Sleep::refused`],
 //!    [`Elapsed::refused`]).
-//! 8. **Odd input never panics.** `Duration::ZERO` or a past `Instant` fire on the
-//!    next tick; a delay beyond the wheel's range or `Duration::MAX` saturates (never
-//!    early, never a panic; `Duration::MAX` never comes due, for a timer or a future
-//!    alike). A future whose deadline is at or before the service's now completes at
-//!    its first poll, with no timer.
+//! 8. **Odd input never panics.** `Duration::ZERO` or a past `Instant` (even one
+//!    before the service started) fire on the next tick (on a [`ManualClock`], at
+//!    once: a deadline not after its now is due); a delay beyond the wheel's range or
+//!    `Duration::MAX` saturates at the clock's far future, about 292 years after its
+//!    start (never early, never a panic; for a timer or a future alike): on the system
+//!    clock it never comes, and a [`ManualClock`]'s `advance(Duration::MAX)` reaches
+//!    it. A future whose deadline is at or before the service's now completes at its
+//!    first poll, with no timer (and is not [`Sleep::is_elapsed`] before it).
 //! 9. **Futures never complete early.** On a running service a [`Sleep`],
 //!    [`Timeout`] or [`Interval`] tick completes only once its deadline has passed.
 //!    The infallible constructors ([`ShardedTimer::sleep`], [`ShardedTimer::timeout`],

@@ -225,7 +225,7 @@ impl Builder {
         let manual = self.clock.as_ref().map(|clock| clock.time().clone());
         let (clock, time) = match &manual {
             Some(manual) => (
-                Clock::new(manual.start(), self.tick),
+                Clock::manual(manual.start(), self.tick),
                 TimeSource::Manual(manual.clone()),
             ),
             None => (
@@ -594,8 +594,9 @@ impl ShardedTimer {
     /// `delay` is a `Duration` measured with `Instant`; the deadline rounds up to the
     /// service's tick. `Duration::ZERO` fires on the next tick. A delay too large to
     /// add to `Instant::now()`, or beyond the wheel's range, saturates: the timer is
-    /// kept, never fires early, never panics (in practice, never fires). Everything
-    /// `schedule` did before returning happens-before `f` starts.
+    /// kept at the clock's far future, never fires early, never panics (on the system
+    /// clock, never fires; a [`ManualClock`]'s `advance(Duration::MAX)` reaches it).
+    /// Everything `schedule` did before returning happens-before `f` starts.
     ///
     /// # Errors
     ///
@@ -662,7 +663,9 @@ impl ShardedTimer {
     /// is counted in [`Stats::panicked`] and the timer keeps going.
     /// [`TimerHandle::reset`] returns `false` for a repeating timer: it keeps its rate.
     /// A `period` shorter than the tick (including zero) runs once per tick;
-    /// `Duration::MAX` saturates (it never runs). At shutdown a repeating timer comes
+    /// `Duration::MAX` saturates at the clock's far future (on the system clock it never
+    /// runs; a [`ManualClock`] saturated there runs it once; no run comes after the far
+    /// future). At shutdown a repeating timer comes
     /// back as an [`Unfired`] whose `run` makes one last run — except one whose own
     /// callback called `shutdown`: its run is under way on the calling thread, so it is
     /// not handed back; when that run returns the timer is cancelled (its handle reads
@@ -788,12 +791,15 @@ impl ShardedTimer {
         home.enqueue(id, deadline, holds_room, make)
     }
 
-    /// The deadline `delay` after `start`, in nanoseconds from tick 0; [`Nanos::NEVER`]
-    /// when it does not fit in an `Instant` (a delay such as `Duration::MAX`).
+    /// The deadline `delay` after `start`, in nanoseconds from tick 0;
+    /// [`Nanos::FAR_FUTURE`] when it does not fit in an `Instant` (a delay such as
+    /// `Duration::MAX`).
     fn ns_after(&self, start: Instant, delay: Duration) -> Nanos {
-        start.checked_add(delay).map_or(Nanos::NEVER, |deadline| {
-            self.inner.clock.instant_to_ns(deadline)
-        })
+        start
+            .checked_add(delay)
+            .map_or(Nanos::FAR_FUTURE, |deadline| {
+                self.inner.clock.instant_to_ns(deadline)
+            })
     }
 
     /// The service's now: `Instant::now()`, or, for a service built with
@@ -833,7 +839,7 @@ impl ShardedTimer {
     pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
         self.now()
             .checked_add(delay)
-            .unwrap_or_else(|| self.inner.clock.ns_to_instant(Nanos::NEVER))
+            .unwrap_or_else(|| self.inner.clock.far_future())
     }
 
     /// A snapshot of the counters, summed over the shards and workers, with each

@@ -234,10 +234,11 @@ fn d3_futures_get_their_timer_when_max_pending_is_reached() {
 }
 
 /// Defect 4: the manual clock never goes backwards, a timer due in 200 years fires
-/// after `advance(Duration::MAX)`, and `Duration::MAX` means "never" for a sleep as
-/// for a scheduled timer.
+/// after `advance(Duration::MAX)`, and `Duration::MAX` means one thing for a sleep as
+/// for a scheduled timer: the clock's far future (since issue 29, which
+/// `advance(Duration::MAX)` reaches, as tokio's paused clock does).
 #[test]
-fn d4_manual_clock_saturation_never_goes_backwards_and_never_means_never() {
+fn d4_manual_clock_saturation_never_goes_backwards_and_max_means_one_far_future() {
     const YEAR: Duration = Duration::from_secs(365 * 24 * 3_600);
     let clock = ManualClock::new();
     let timer = manual(&clock, 1, Callbacks::inline()).build().unwrap();
@@ -254,18 +255,21 @@ fn d4_manual_clock_saturation_never_goes_backwards_and_never_means_never() {
     clock.advance(101 * YEAR);
     assert!(
         poll_once(sleep_never.as_mut()).is_pending(),
-        "MAX never elapses"
+        "MAX is centuries away"
     );
     assert_eq!(fired.load(Ordering::SeqCst), 0);
+    assert_eq!(never.state(), TimerState::Pending);
     let at_101 = clock.now();
     clock.advance(Duration::MAX);
     assert!(clock.now() > at_101 + 100 * YEAR, "saturates forward");
     assert_eq!(fired.load(Ordering::SeqCst), 1, "the 200-year timer fired");
+    assert_eq!(never.deadline(), sleep_never.deadline(), "one far future");
+    assert_eq!(clock.now(), never.deadline(), "where the clock saturates");
     assert!(
-        poll_once(sleep_never.as_mut()).is_pending(),
-        "MAX never elapses"
+        poll_once(sleep_never.as_mut()).is_ready(),
+        "MAX elapses there, for a sleep"
     );
-    assert_eq!(never.state(), TimerState::Pending, "MAX never fires");
+    assert_eq!(never.state(), TimerState::Fired, "as for a timer");
     let saturated = clock.now();
     clock.advance(Duration::MAX);
     assert_eq!(clock.now(), saturated, "saturated: it stays");

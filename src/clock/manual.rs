@@ -107,10 +107,16 @@ impl ManualClock {
     /// every due timer has been handed to the spawner.
     ///
     /// No wall-clock sleep anywhere: a 30-second timeout fires in microseconds.
-    /// `Duration::ZERO` moves nothing and still runs what is due. A time beyond
-    /// `u64::MAX - 1` nanoseconds (584 years) from the start saturates there: time
-    /// never goes backwards, every finite deadline is due, and `Duration::MAX` (for a
-    /// timer or a future alike) never is.
+    /// `Duration::ZERO` moves nothing and still runs what is due, a deadline inside
+    /// the current tick included: what is due is decided on the nanosecond, the tick
+    /// only groups timers. A time beyond `2⁶³ − 2` nanoseconds (about 292 years) from
+    /// the start saturates there, at the clock's far future: time never goes
+    /// backwards, and every deadline a timer or a future can have is due there (a
+    /// `Duration::MAX` delay or a deadline beyond the far future saturates to it), so
+    /// `advance(Duration::MAX)` fires everything still pending. There every delay is
+    /// zero: a callback that schedules itself again runs again at once, as with
+    /// `Duration::ZERO` (and this call returns only when that stops); a repeating
+    /// timer's runs stop there (it stays pending, and runs no more).
     ///
     /// Called from a callback of a service this clock drives (on its shard thread or
     /// its pool), it moves the time and wakes the shards but returns without waiting:
@@ -134,7 +140,7 @@ impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let progress = self.time.lock();
         f.debug_struct("ManualClock")
-            .field("elapsed", &Duration::from_nanos(progress.now.get()))
+            .field("elapsed", &Duration::from_nanos(progress.now.after_zero()))
             .field("shards", &progress.shards.len())
             .finish()
     }
@@ -248,7 +254,8 @@ impl ManualTime {
     fn advance(&self, by: Duration) {
         let by_ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
         let mut progress = self.lock();
-        // Saturates at Nanos::LAST, forward: every deadline but "never" is due there.
+        // Saturates at the far future, forward: every deadline is due there, a
+        // `Duration::MAX` one's included.
         progress.now = progress.now.advanced(by_ns);
         let waits = RUNNING_FOR.with(Cell::get).0 != self.address();
         loop {

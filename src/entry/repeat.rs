@@ -235,13 +235,18 @@ impl RunningEntry {
             .expect("a running entry is repeating");
         // SAFETY: as in `call`.
         let (deadline, skipped) = unsafe { next(entry.0, now) };
-        let deadline = deadline.map_or(Nanos::NEVER, to_ns);
+        // A next run after the far future (where `to_ns` saturates) never comes: at
+        // the far future a manual clock stops, and every run would be due at once.
+        let deadline = deadline
+            .map(to_ns)
+            .filter(|&ns| ns < Nanos::FAR_FUTURE)
+            .unwrap_or(Nanos::NEVER);
         // ORDERING: Release: published with the entry through the insert ring (and by
         // `finish_run`'s Release) to the shard's loads.
         entry
             .header()
             .deadline
-            .store(deadline.get(), Ordering::Release);
+            .store(deadline.to_bits(), Ordering::Release);
         (deadline, skipped)
     }
 

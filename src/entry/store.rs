@@ -134,7 +134,7 @@ impl Store for ShardStore {
         // move message of the reset that moved it earlier; a stale earlier one makes
         // the entry come due early, where `try_fire_due` re-checks under its claim and
         // re-files it.
-        let deadline = Nanos::new(self.header(entry).deadline.load(Ordering::Relaxed));
+        let deadline = Nanos::from_bits(self.header(entry).deadline.load(Ordering::Relaxed));
         // The pure wheel is in plain `u64` ticks.
         self.0.due_tick(deadline).get()
     }

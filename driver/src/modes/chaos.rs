@@ -775,7 +775,7 @@ fn schedule_repeating(
             std::thread::sleep(Duration::from_micros(us));
         }
         end_run(&run_shared, &run_record);
-        if panics && run % 3 == 0 {
+        if panics && run.is_multiple_of(3) {
             bump(Op::CallbackPanic);
             Shared::count(&run_shared.body_panics);
             deliberate("panic in a repeating callback");
