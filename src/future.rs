@@ -153,17 +153,17 @@ impl Armed {
 impl Sleep {
     /// A sleep until `deadline` on `timer`, its timer scheduled now; bounded by
     /// `max_pending` only if `holds_room` (the `try_*` constructors).
-    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Sleep {
-        let home = timer.sleep_home();
-        Sleep {
     ///
     /// A deadline already past needs no timer and is left to the first poll, which
     /// completes the sleep: until then it is not elapsed (as tokio's), since no poll
     /// has seen it complete.
-            armed,
-            home,
+    pub(crate) fn new(timer: &ShardedTimer, deadline: Instant, holds_room: bool) -> Sleep {
+        let home = timer.sleep_home();
         let deadline = saturated(&home, deadline);
         let armed = Armed::unless_past(&home, deadline, holds_room);
+        Sleep {
+            armed,
+            home,
             deadline,
         }
     }
@@ -171,10 +171,10 @@ impl Sleep {
     /// A sleep until `deadline` on `timer` whose timer is scheduled on its first poll
     /// (a `Timeout`'s, an `Interval`'s), so that one never polled costs no timer.
     pub(crate) fn unarmed(timer: &ShardedTimer, deadline: Instant) -> Sleep {
+        let home = timer.sleep_home();
         Sleep {
             deadline: saturated(&home, deadline),
             home,
-        let home = timer.sleep_home();
             armed: None,
         }
     }
@@ -249,10 +249,10 @@ impl Sleep {
     /// Never.
     pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
         let this = self.get_mut();
+        let deadline = saturated(&this.home, deadline);
         this.deadline = deadline;
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
-        let deadline = saturated(&this.home, deadline);
         };
         let moved = !this.home.is_past(deadline)
             && armed.outcome() == WAITING
@@ -266,15 +266,15 @@ impl Sleep {
     }
 }
 
-impl Future for Sleep {
-    type Output = ();
-
 /// `deadline`, or the service clock's far future if it is later: where every later
 /// deadline saturates, so that a deadline a sleep reports is one its clock can reach
 /// (a [`ManualClock`](crate::ManualClock)'s `advance(Duration::MAX)` does).
 fn saturated(home: &CoreHome<Arc<Inner>>, deadline: Instant) -> Instant {
     deadline.min(home.clock().far_future())
 }
+
+impl Future for Sleep {
+    type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
