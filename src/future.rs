@@ -140,11 +140,16 @@ impl Armed {
     }
 
     /// Cancels the timer, waking nobody (the future gives it up): frees it at once;
-    /// a no-op if it already fired.
+    /// a no-op if it already fired. Either way the stored waker is taken out and
+    /// dropped here, on the caller's thread, last: the entry's last reference may go
+    /// on a shard thread, which must never drop user code (`entry/sleep.rs`).
     fn disarm(&self) {
         if let Armed::Timer(handle) = self {
-            if handle.sleep_shared().is_some_and(SleepShared::disarm) {
-                let _ = handle.cancel();
+            if let Some(shared) = handle.sleep_shared() {
+                if shared.disarm() {
+                    let _ = handle.cancel();
+                }
+                drop(shared.take_waker());
             }
         }
     }

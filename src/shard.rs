@@ -46,6 +46,7 @@
 
 mod core;
 mod custody;
+mod fired;
 mod shard_loop;
 
 use crate::clock::{Tick, TimeSource};
@@ -149,13 +150,15 @@ pub struct ShardShared {
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
     next_wake: CachePadded<AtomicU64>,
-    /// The tick at which the shard's own thread last began a turn (a [`Tick`]'s
-    /// `u64`): how the shard that watches it tells a stuck shard from a busy one
-    /// (`shard_loop`'s rescue). Written by the shard thread only; Relaxed: a stale
-    /// value only delays or hastens a rescue, which the token makes safe either way.
-    heartbeat: CachePadded<AtomicU64>,
+    /// The owner's progress (its turns begun and fired tasks popped; `fired.rs`), as
+    /// last published: how the shard that watches it tells a stuck shard from a busy
+    /// one (`shard_loop`'s rescue), without a clock read per callback. Written by the
+    /// shard thread only, holding its token; Relaxed: a stale value only delays or
+    /// hastens a rescue attempt, and the attempt re-checks the exact count under the
+    /// token.
+    progress: CachePadded<AtomicU64>,
     /// The tick of the core's next expiry when the shard last parked (a [`Tick`]'s
-    /// `u64`; [`Tick::NEVER`] if none): for the watcher, as `heartbeat`. Written by
+    /// `u64`; [`Tick::NEVER`] if none): for the watcher, as `progress`. Written by
     /// the shard thread before its park fence.
     due: CachePadded<AtomicU64>,
     /// Set by shutdown; the shard then shuts down instead of parking.
@@ -205,6 +208,14 @@ pub struct Cursors {
     messages: Cursor,
 }
 
+/// Why a push did not publish its value.
+enum Refused<T> {
+    /// The ring is closed (the shard shut down).
+    Closed(T),
+    /// The ring is full and the calling shard thread may not wait: defer it.
+    Defer(T),
+}
+
 /// How a push decides whether to wake the shard.
 #[derive(Clone, Copy, Debug)]
 enum Wake {
@@ -239,7 +250,7 @@ impl ShardShared {
             insert,
             messages,
             next_wake: CachePadded::new(AtomicU64::new(AWAKE.get())),
-            heartbeat: CachePadded::new(AtomicU64::new(0)),
+            progress: CachePadded::new(AtomicU64::new(0)),
             due: CachePadded::new(AtomicU64::new(Tick::NEVER.get())),
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
@@ -334,36 +345,36 @@ impl ShardShared {
     }
 
     /// What the shard publishes of its sleep: the tick it sleeps until, [`AWAKE`], or
-    /// [`Tick::NEVER`]. For the shard that watches it (a heuristic: see `heartbeat`).
+    /// [`Tick::NEVER`]. For the shard that watches it (a heuristic: see `progress`).
     pub(crate) fn sleeps_until(&self) -> Tick {
         // ORDERING: Relaxed: a stale value only delays or hastens a rescue (the
         // watcher's park handshake re-reads it after its fence).
         Tick::new(self.next_wake.load(Ordering::Relaxed))
     }
 
-    /// Records that the shard's own thread begins a turn at tick `now`.
-    pub(crate) fn beat(&self, now: Tick) {
-        // ORDERING: Relaxed: see `heartbeat`.
-        self.heartbeat.store(now.get(), Ordering::Relaxed);
+    /// Publishes the owner's progress count (its thread, holding its token).
+    pub(crate) fn set_progress(&self, progress: u64) {
+        // ORDERING: Relaxed: see `progress`.
+        self.progress.store(progress, Ordering::Relaxed);
     }
 
     /// Publishes the core's next expiry as the shard parks (before its park fence).
     pub(crate) fn set_due(&self, due: Tick) {
-        // ORDERING: Relaxed: see `heartbeat`; the park fence that follows orders it
+        // ORDERING: Relaxed: see `progress`; the park fence that follows orders it
         // before the watcher's read after its own fence.
         self.due.store(due.get(), Ordering::Relaxed);
     }
 
     /// The core's next expiry as the shard last parked.
     pub(crate) fn due(&self) -> Tick {
-        // ORDERING: Relaxed: see `heartbeat`.
+        // ORDERING: Relaxed: see `progress`.
         Tick::new(self.due.load(Ordering::Relaxed))
     }
 
-    /// The tick at which the shard's own thread last began a turn.
-    pub(crate) fn heartbeat(&self) -> Tick {
-        // ORDERING: Relaxed: see `heartbeat`.
-        Tick::new(self.heartbeat.load(Ordering::Relaxed))
+    /// The owner's progress count as last published.
+    pub(crate) fn progress(&self) -> u64 {
+        // ORDERING: Relaxed: see `progress`.
+        self.progress.load(Ordering::Relaxed)
     }
 
     /// Records the shard's thread so producers can unpark it.
@@ -372,26 +383,66 @@ impl ShardShared {
     }
 
     /// Hands a new timer due at tick `deadline` to the shard. A full ring never
-    /// loses it: the producer wakes the shard and backs off until there is room.
+    /// loses it: the producer wakes the shard and backs off until there is room; a
+    /// shard thread never waits for another shard (`shard_loop::make_room`): it makes
+    /// room itself, or defers the push to its own next turn.
     ///
     /// # Errors
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
     pub fn push_insert(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
-        self.push_and_wake(&self.insert, entry, Wake::Before(deadline))
+        self.push_insert_as(entry, deadline, false)
+    }
+
+    /// As [`push_insert`](Self::push_insert); `refile` says it is a repeating timer's
+    /// next run (for a deferred push that finds the ring closed later).
+    fn push_insert_as(
+        &self,
+        entry: EntryRef,
+        deadline: Tick,
+        refile: bool,
+    ) -> Result<(), EntryRef> {
+        match self.push_and_wake(&self.insert, entry, Wake::Before(deadline)) {
+            Ok(()) => Ok(()),
+            Err(Refused::Closed(entry)) => Err(entry),
+            Err(Refused::Defer(entry)) => {
+                shard_loop::defer(
+                    self,
+                    shard_loop::Deferred::Insert {
+                        entry,
+                        deadline,
+                        refile,
+                    },
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// A deferred insert that found the ring closed: the shard shut down after the
+    /// push was accepted, so the timer goes where runs ending after shutdown go.
+    fn insert_closed(&self, entry: EntryRef, refile: bool) {
+        if refile {
+            // ORDERING: Relaxed: a statistic (as in `refile_run`).
+            self.refiled.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.hand_back_late(entry);
     }
 
     /// Reserves a slot in `ring` (one of this shard's), backing off and waking the
     /// shard while the ring is full; wakes the shard as `wake` says or if the ring is
     /// filling; and publishes `value` last (ground rules: the producer's half of the
-    /// park handshake, and "publish last").
+    /// park handshake, and "publish last"). On a shard thread, a full ring of another
+    /// shard (or its own, while its token is held here) is never waited for:
+    /// `shard_loop::make_room` drains it, or the value comes back to be deferred.
     ///
     /// # Errors
     ///
-    /// The value comes back if the ring is closed.
-    fn push_and_wake<T>(&self, ring: &Ring<T>, value: T, wake: Wake) -> Result<(), T> {
+    /// The value comes back if the ring is closed, or to be deferred.
+    fn push_and_wake<T>(&self, ring: &Ring<T>, value: T, wake: Wake) -> Result<(), Refused<T>> {
         let backoff = Backoff::new();
         let mut waited = false;
+        let mut made_room = 0;
         loop {
             match ring.reserve() {
                 Ok(reservation) => {
@@ -428,29 +479,39 @@ impl ShardShared {
                         self.ring_full_waits
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    // Code on a shard thread (an inline callback, a spawner) never
-                    // waits for a shard while its own rings stay full: the shard it
-                    // waits for may be waiting for it, through the same code. So it
-                    // takes its own rings in before each back-off (which makes room
-                    // for whoever waits on them); if the full ring is its own, that
-                    // is all it needs (a slot reserved by another producer and not
-                    // yet written still waits for that producer: hence the back-off
-                    // either way).
-                    let drained_own = shard_loop::drain_own_rings();
-                    if !(drained_own && shard_loop::is_own_thread(self)) {
-                        // The canary watches message senders, which reach the shard
-                        // through a port and must not outlive its shutdown (ground
-                        // rules). A producer of a new timer holds the service, whose
-                        // `Arc` keeps the shard alive, and may find the ring full just
-                        // before the shard closes it and retires.
-                        if !matches!(wake, Wake::Before(_)) {
-                            self.canary.touch();
+                    // Code on a shard thread (an inline callback, a spawner, a
+                    // rescued callback) never waits for another shard: it takes that
+                    // shard's token and drains the ring itself, or defers the push
+                    // to its own next turn. Its own full ring it drains (a slot
+                    // reserved by another producer and not yet written still waits
+                    // for that producer: hence the back-off).
+                    match shard_loop::make_room(self) {
+                        shard_loop::Room::Made if made_room < 2 => {
+                            made_room += 1;
+                            continue;
                         }
-                        self.thread.unpark();
+                        shard_loop::Room::Made | shard_loop::Room::Defer => {
+                            return Err(Refused::Defer(value));
+                        }
+                        shard_loop::Room::Wait { drained_own } => {
+                            if drained_own && shard_loop::is_own_thread(self) {
+                                backoff.snooze();
+                                continue;
+                            }
+                        }
                     }
+                    // The canary watches message senders, which reach the shard
+                    // through a port and must not outlive its shutdown (ground
+                    // rules). A producer of a new timer holds the service, whose
+                    // `Arc` keeps the shard alive, and may find the ring full just
+                    // before the shard closes it and retires.
+                    if !matches!(wake, Wake::Before(_)) {
+                        self.canary.touch();
+                    }
+                    self.thread.unpark();
                     backoff.snooze();
                 }
-                Err(Reserve::Closed) => return Err(value),
+                Err(Reserve::Closed) => return Err(Refused::Closed(value)),
             }
         }
     }
@@ -475,7 +536,7 @@ impl ShardShared {
         // insert as soon as it is published.
         // ORDERING: Relaxed: a statistic, exact at quiescence.
         self.refiled.fetch_add(1, Ordering::Relaxed);
-        if let Err(entry) = self.push_insert(entry, next) {
+        if let Err(entry) = self.push_insert_as(entry, next, true) {
             // ORDERING: as above.
             self.refiled.fetch_sub(1, Ordering::Relaxed);
             self.hand_back_late(entry);
@@ -532,10 +593,17 @@ impl ShardShared {
         self.canary.retire();
     }
 
-    /// Sends a message, waking the shard as `wake` says.
+    /// Sends a message, waking the shard as `wake` says (or, on a shard thread that
+    /// cannot make room in a full ring, deferring it to its own next turn).
     fn send_message(&self, message: Message, wake: Wake) {
-        if self.push_and_wake(&self.messages, message, wake).is_err() {
-            unreachable!("message ring invariant: the message ring is never closed");
+        match self.push_and_wake(&self.messages, message, wake) {
+            Ok(()) => {}
+            Err(Refused::Defer(message)) => {
+                shard_loop::defer(self, shard_loop::Deferred::Message { message, wake });
+            }
+            Err(Refused::Closed(_)) => {
+                unreachable!("message ring invariant: the message ring is never closed")
+            }
         }
     }
 }

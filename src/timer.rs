@@ -264,6 +264,12 @@ impl Builder {
                 (shard, shard_thread)
             })
             .collect();
+        // Every shard thread may push onto every shard: it needs their links to
+        // never wait for a full ring of one (`shard_loop::make_room`).
+        let peers: Vec<_> = threads.iter().map(|(_, thread)| thread.link()).collect();
+        for (_, thread) in &mut threads {
+            thread.set_peers(peers.clone());
+        }
         let rescue_after = match self.rescue_after {
             None => Some(self.tick.checked_mul(4).unwrap_or(Duration::MAX)),
             Some(after) => after,

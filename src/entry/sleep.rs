@@ -15,6 +15,15 @@
 //! `drop_callback` take nothing out of the entry; each calls [`SleepShared::finish`],
 //! whose first caller wins, so the entry's rule that exactly one of them runs (the
 //! winner of Pending → Fired or → Cancelled) is all that decides the outcome.
+//!
+//! **No waker outlives its future in the entry.** A waker is user code (a hand-written
+//! executor's may own its task, and dropping it drops the task's other sleeps, whose
+//! cancels fill the shard's message ring; or it may panic). The entry's last reference
+//! often goes on the shard thread, inside its turn (the cancel message the shard takes),
+//! so the waker must be gone by then: `finish` takes it to wake it, and the future,
+//! when it gives its timer up (dropped, re-armed), takes it out with
+//! [`SleepShared::take_waker`] and drops it on its own thread. `dealloc` then finds
+//! none.
 
 use core::ptr::NonNull;
 
@@ -84,6 +93,14 @@ impl SleepShared {
         self.outcome
             .compare_exchange(WAITING, DISARMED, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Takes the stored waker out, for the future that gives its timer up to drop on
+    /// its own thread (ground rules: a waker is user code, and the entry's last
+    /// reference may go on a shard thread, inside its turn). After its future's last
+    /// call, nothing stores a waker again: only `poll_finished` does, on that future.
+    pub fn take_waker(&self) -> Option<Waker> {
+        self.waker.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.

@@ -21,19 +21,30 @@
 //!   returns (`dispatch_rest_here`): fired timers run (inline) or reach the spawner
 //!   before `shutdown` returns, as in the pool.
 //! - The core never runs user code, so a hold of it is never re-entered.
-//! - **Rescue** (DESIGN.md, `Builder::rescue_after`). Each shard thread watches one
-//!   other shard (the previous, in a ring). A watched shard is *stuck* when it has not
-//!   begun a turn for `rescue_after` ticks while awake (its heartbeat), or has
-//!   overslept its published wake-up by as much. The watcher then takes its token
-//!   (never waiting: if the owner holds it, the owner is back) and does what the owner
-//!   would: a bounded turn, fired tasks handed to the pool, or (inline, spawn) popped
-//!   one at a time and dispatched on the watcher's thread. Every timer still fires
-//!   once, from whichever thread holds the token when its turn claims it, never early
-//!   (the same turn, the same clock). The owner, when its callback returns, takes the
-//!   token back for its next turn and carries on.
+//! - **Rescue** (`Builder::rescue_after`). Each shard thread watches one other shard
+//!   (the previous, in a ring). A watched shard is *stuck* when, awake, its owner has
+//!   made no progress for `rescue_after` ticks — begun no turn and popped no fired
+//!   task (`progress`, counted where the work is: a shard dispatching a long inline
+//!   queue is busy, not stuck) — or has overslept its own next expiry by as much. The
+//!   watcher then takes its token (never waiting: if the owner holds it, the owner is
+//!   back) and does what the owner would: a bounded turn, fired tasks handed to the
+//!   pool, or (inline, spawn) popped one at a time and dispatched on the watcher's
+//!   thread, each only while the owner's progress stays where it was judged stuck.
+//!   The token orders pops, not runs: the queue itself (`fired.rs`) refuses a pop
+//!   while another thread's run is in progress, unless that run is stuck, so the
+//!   callbacks of one shard run one at a time in deadline order but for a stuck one.
+//!   Every timer still fires once, from whichever thread holds the token when its
+//!   turn claims it, never early (the same turn, the same clock). The owner, when its
+//!   callback returns, takes the token back for its next turn and carries on once
+//!   the rescuer's run in progress ends (the rescuer unparks it).
+//! - **No shard thread waits for another shard.** A push from a shard thread (an
+//!   inline callback, a rescued one, a spawner) that finds another shard's ring full
+//!   takes that shard's token without waiting and drains the ring into its wheel, or
+//!   else defers the push to a list of its own thread's, retried each turn and
+//!   delivered before it shuts down (`make_room`, `retry_deferred`).
 //! - **Watching costs no wake-up while both sleep.** A watcher parks no later than
 //!   `rescue_after` after the watched shard's own next expiry, published as `due`
-//!   when it parks (or than its heartbeat while it is awake: `next_wake` is
+//!   when it parks (or than its last progress while it is awake: `next_wake` is
 //!   [`AWAKE`]); a shard that parks with timers due earlier than its watcher's wake-up
 //!   allows for unparks the watcher. Each stores before its park fence and reads the
 //!   other after it, as producers do, so one of them sees the other. `due`, not the
@@ -43,15 +54,15 @@
 #![deny(unsafe_code)]
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::core::{Expired, ShardCore, TURN_BUDGET};
 use super::custody::Custody;
-use super::{Cursors, ShardShared, AWAKE, FIRE_BATCH};
+use super::fired::{Claim, FiredQueue};
+use super::{Cursors, ShardShared, Wake, AWAKE, FIRE_BATCH};
 use crate::clock::{Clock, Nanos, Tick, TurnSlot};
 use crate::dispatch::{Dispatch, RunHome, RunTask, ShardTask};
-use crate::entry::EntryRef;
+use crate::entry::{EntryRef, Message};
 use crate::limit::PendingLimit;
 use crate::sync::{spin_loop, thread, Arc, Backoff};
 
@@ -60,8 +71,9 @@ use crate::sync::{spin_loop, thread, Arc, Backoff};
 pub(crate) struct InCustody {
     /// The core; `None` once shutdown took it.
     core: Option<ShardCore>,
-    /// Fired by a turn, not yet dispatched (inline and spawn), in deadline order.
-    fired: VecDeque<ShardTask>,
+    /// Fired by a turn, not yet dispatched (inline and spawn), in deadline order, and
+    /// the run in progress (`fired.rs`).
+    fired: FiredQueue<ShardTask>,
 }
 
 /// Everything a thread needs to turn a shard and dispatch what it fires: the shard's
@@ -171,6 +183,11 @@ std::thread_local! {
     static OWN_SHARD: Cell<usize> = const { Cell::new(0) };
     /// That shard's link, borrowed while its token is held (ground rules).
     static OWN: RefCell<Option<Own>> = const { RefCell::new(None) };
+    /// Every shard of the service (its own included), for a push that finds one's
+    /// ring full (`make_room`). Set once, read only.
+    static PEERS: RefCell<Vec<ShardLink>> = const { RefCell::new(Vec::new()) };
+    /// Pushes this shard thread could not make room for, retried each turn (`defer`).
+    static DEFERRED: RefCell<Vec<(ShardLink, Deferred)>> = const { RefCell::new(Vec::new()) };
 }
 
 #[cfg(loom)]
@@ -179,6 +196,144 @@ loom::thread_local! {
     static OWN_SHARD: Cell<usize> = Cell::new(0);
     /// As above, per model thread.
     static OWN: RefCell<Option<Own>> = RefCell::new(None);
+    /// As above, per model thread.
+    static PEERS: RefCell<Vec<ShardLink>> = RefCell::new(Vec::new());
+    /// As above, per model thread.
+    static DEFERRED: RefCell<Vec<(ShardLink, Deferred)>> = RefCell::new(Vec::new());
+}
+
+/// A push a shard thread deferred (ground rules: no shard thread waits for another).
+#[derive(Debug)]
+pub(crate) enum Deferred {
+    /// A new timer (`refile`: a repeating timer's next run).
+    Insert {
+        /// The service's reference.
+        entry: EntryRef,
+        /// Its deadline's tick.
+        deadline: Tick,
+        /// Whether it is a repeating timer's next run.
+        refile: bool,
+    },
+    /// A cancel or move message.
+    Message {
+        /// The message.
+        message: Message,
+        /// How its push wakes the shard.
+        wake: Wake,
+    },
+}
+
+/// What a push that found `shard`'s ring full should do (`make_room`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Room {
+    /// Room was made (the ring drained into its shard's wheel): try again at once.
+    Made,
+    /// Defer the push: this is a shard thread, and it may not wait.
+    Defer,
+    /// Back off and try again, as any producer (not a shard thread, or a shard of
+    /// another service); `drained_own`: this shard thread took its own rings in.
+    Wait {
+        /// Whether the calling shard thread drained its own rings.
+        drained_own: bool,
+    },
+}
+
+/// Called by a push that found `shard`'s ring full. On a shard thread whose loop runs,
+/// never waits for another shard (docs/architecture.md, rescue: the shard it waits for may be
+/// stuck, or waiting for it): it first takes its own rings in (making room for whoever
+/// waits on them); then, for its own ring, that is all it needs (`Wait`); for
+/// another shard's, it takes that shard's token without waiting and drains the ring
+/// into that shard's wheel, as a rescuer runs a stuck shard's core (`Made`), or, if
+/// the token is busy or the drain found nothing to take (a slot reserved and not
+/// yet written), says to defer the push (`Defer`). Code holding its own shard's token
+/// (nothing should push there, but nothing may hang there either) defers too.
+pub(crate) fn make_room(shard: &ShardShared) -> Room {
+    if OWN_SHARD.with(Cell::get) == 0 {
+        return Room::Wait { drained_own: false };
+    }
+    let drained_own = drain_own_rings();
+    let own = is_own_thread(shard);
+    if own {
+        return if drained_own {
+            Room::Wait { drained_own }
+        } else {
+            Room::Defer // its token is held on this very thread
+        };
+    }
+    let Some(link) = peer(shard) else {
+        return Room::Wait { drained_own };
+    };
+    let drained = link.custody.try_with(|held| {
+        held.core
+            .as_mut()
+            .map_or(0, |core| core.drain_inserts() + core.drain_messages())
+    });
+    match drained {
+        Some(drained) if drained > 0 => Room::Made,
+        _ => Room::Defer,
+    }
+}
+
+/// The link of `shard` among this thread's peers.
+fn peer(shard: &ShardShared) -> Option<ShardLink> {
+    PEERS.with(|peers| {
+        peers
+            .borrow()
+            .iter()
+            .find(|link| address(&link.shared) == address(shard))
+            .cloned()
+    })
+}
+
+/// Keeps a push to `shard` that `make_room` said to defer, for this thread's next turn
+/// (`retry_deferred`).
+///
+/// # Panics
+///
+/// If `shard` is not among this thread's peers: `make_room` says `Defer` only for one
+/// that is.
+pub(crate) fn defer(shard: &ShardShared, push: Deferred) {
+    let link = peer(shard).expect("deferral invariant: only a peer's push is deferred");
+    DEFERRED.with(|deferred| deferred.borrow_mut().push((link, push)));
+}
+
+/// Whether this thread holds deferred pushes.
+fn has_deferred() -> bool {
+    DEFERRED.with(|deferred| !deferred.borrow().is_empty())
+}
+
+/// Tries each deferred push once more (each may be deferred again); returns whether
+/// any is still deferred. Called by the shard loop outside every hold.
+pub(crate) fn retry_deferred() -> bool {
+    let pushes = DEFERRED.with(|deferred| ::core::mem::take(&mut *deferred.borrow_mut()));
+    for (link, push) in pushes {
+        let shard = &link.shared;
+        match push {
+            Deferred::Insert {
+                entry,
+                deadline,
+                refile,
+            } => {
+                if let Err(entry) = shard.push_insert_as(entry, deadline, refile) {
+                    shard.insert_closed(entry, refile);
+                }
+            }
+            Deferred::Message { message, wake } => shard.send_message(message, wake),
+        }
+    }
+    has_deferred()
+}
+
+/// Retries the deferred pushes until none is left, taking this shard's own rings in
+/// between: before this shard shuts down, so that every message another shard waits
+/// for at its own shutdown arrives, and no timer is lost. (The shards they go to are
+/// shutting down too, and drain what they wait for.)
+fn flush_deferred() {
+    let backoff = Backoff::new();
+    while retry_deferred() {
+        drain_own_rings();
+        backoff.snooze();
+    }
 }
 
 /// The address that identifies a shard.
@@ -219,17 +374,25 @@ pub(crate) fn drain_own_rings() -> bool {
     .unwrap_or(false)
 }
 
-/// Takes the calling shard thread's core, for a shutdown started by a callback on it;
-/// the shard loop then returns once that callback does. `None` elsewhere, or if taken.
+/// Takes the calling shard thread's core, for a shutdown started by a callback on it
+/// (or by its own loop); the shard loop then returns once that callback does. `None`
+/// elsewhere, or if taken. First delivers what this thread deferred.
 pub(crate) fn take_own_core() -> Option<ShardCore> {
+    if OWN_SHARD.with(Cell::get) != 0 {
+        flush_deferred();
+    }
     with_own(|_, held| held.core.take()).flatten()
 }
 
 /// Dispatches, on the calling shard thread, what its turns fired and has not yet been
 /// dispatched: for a shutdown started by a callback on it (ground rules).
 pub(crate) fn dispatch_rest_here() {
-    while let Some((task, link)) =
-        with_own(|link, held| held.fired.pop_front().map(|task| (task, link.clone()))).flatten()
+    while let Some((task, link)) = with_own(|link, held| {
+        held.fired
+            .pop_at_shutdown()
+            .map(|task| (task, link.clone()))
+    })
+    .flatten()
     {
         link.dispatch.one(task, link.clock);
     }
@@ -242,10 +405,13 @@ pub(crate) struct Watch {
     link: ShardLink,
     /// Ticks its due timers may wait for its own thread.
     rescue_after: u64,
-    /// Set by a rescue: the watched shard's heartbeat then, and the tick its core next
-    /// had work. While the heartbeat stays there, the shard is still stuck, and the
+    /// The watched shard's progress count as last seen, and the tick at which the
+    /// watcher first saw it: the owner has made no progress since (at most) then.
+    seen: Option<(u64, Tick)>,
+    /// Set by a rescue: the watched shard's progress then, and the tick its core next
+    /// had work. While its progress stays there, the shard is still stuck, and the
     /// watcher comes back at that tick rather than `rescue_after` later.
-    stuck: Option<(Tick, Tick)>,
+    stuck: Option<(u64, Tick)>,
     /// The watched shard's core is gone (it shut down): nothing more to watch.
     gone: bool,
 }
@@ -256,23 +422,38 @@ impl Watch {
         Watch {
             link,
             rescue_after: rescue_after.max(1),
+            seen: None,
             stuck: None,
             gone: false,
         }
     }
 
+    /// Records the watched shard's progress count at tick `now` (ground rules).
+    fn observe(&mut self, now: Tick) {
+        let progress = self.link.shared.progress();
+        if self.seen.is_none_or(|(seen, _)| seen != progress) {
+            self.seen = Some((progress, now));
+        }
+    }
+
     /// The tick from which the watched shard counts as stuck if it has not moved:
-    /// `rescue_after` after its heartbeat (awake) or its own next expiry (asleep);
-    /// [`Tick::NEVER`] if it sleeps with nothing due or is gone.
-    fn stuck_from(&self) -> Tick {
+    /// `rescue_after` after its owner last made progress as far as the watcher knows
+    /// (awake; a progress not yet observed counts from `now`) or after its own next
+    /// expiry (asleep); [`Tick::NEVER`] if it sleeps with nothing due or is gone.
+    fn stuck_from(&self, now: Tick) -> Tick {
         if self.gone {
             return Tick::NEVER;
         }
-        // Awake: since its last turn began. Asleep: since its own next expiry (not its
-        // wake-up, which may be its own watch horizon: watchers watching each other
-        // would otherwise chase each other's horizons).
+        // Awake: since its last progress (a turn begun, a fired task popped: a shard
+        // dispatching a long inline queue is busy, not stuck). Asleep: since its own
+        // next expiry (not its wake-up, which may be its own watch horizon: watchers
+        // watching each other would otherwise chase each other's horizons).
         let since = if self.link.shared.sleeps_until() == AWAKE {
-            self.link.shared.heartbeat()
+            let progress = self.link.shared.progress();
+            match self.seen {
+                Some((seen, at)) if seen == progress => at,
+                _ => now,
+            }
         } else {
             self.link.shared.due()
         };
@@ -289,12 +470,12 @@ impl Watch {
 
     /// The tick by which the watcher should look again.
     fn horizon(&self, now: Tick) -> Tick {
-        if let Some((beat, next)) = self.stuck {
-            if self.link.shared.heartbeat() == beat {
+        if let Some((progress, next)) = self.stuck {
+            if self.link.shared.progress() == progress {
                 return next;
             }
         }
-        let from = self.stuck_from();
+        let from = self.stuck_from(now);
         if from <= now {
             // Stuck, but its token was busy (its owner is back, or mid-turn): soon.
             Tick::new(now.get() + 1)
@@ -304,16 +485,18 @@ impl Watch {
     }
 
     /// Rescues the watched shard if it is stuck at `now` (ground rules): up to one
-    /// turn's budget of its fired tasks dispatched here, or one bounded turn handed to
-    /// the pool.
+    /// turn's budget of its fired tasks dispatched here, one at a time and only while
+    /// its owner makes no progress (`fired.rs`), or one bounded turn handed to the
+    /// pool.
     fn check(&mut self, now: Instant) {
         let tick = self.link.clock.tick_of(now);
-        if let Some((beat, _)) = self.stuck {
-            if self.link.shared.heartbeat() != beat {
-                self.stuck = None; // its owner turned since: back
+        self.observe(tick);
+        if let Some((progress, _)) = self.stuck {
+            if self.link.shared.progress() != progress {
+                self.stuck = None; // its owner made progress since: back
             }
         }
-        if self.stuck.is_none() && self.stuck_from() > tick {
+        if self.stuck.is_none() && self.stuck_from(tick) > tick {
             return;
         }
         if self.link.dispatch.is_backed_up() {
@@ -321,7 +504,11 @@ impl Watch {
             // mid-burst): the pool is the bottleneck, not the shard.
             return;
         }
-        let beat = self.link.shared.heartbeat();
+        // The owner's progress, unchanged since `rescue_after` ago: every pop below
+        // re-checks it under the token, and stops once the owner is back.
+        let Some((judged, _)) = self.seen else {
+            return;
+        };
         let link = self.link.clone();
         let reading = Reading {
             tick,
@@ -333,36 +520,56 @@ impl Watch {
                 if held.core.is_none() {
                     return Rescue::Gone;
                 }
+                if held.fired.progress() != judged {
+                    return Rescue::Back;
+                }
                 if held.fired.is_empty() {
                     link.turn(held, || reading, &hand_over);
                 }
                 let next = held.core.as_ref().and_then(ShardCore::next_expiry);
-                match held.fired.pop_front() {
-                    Some(task) => Rescue::Run(task),
-                    None => Rescue::Done(next.unwrap_or(Tick::NEVER)),
+                let started = link.clock.tick_of(Instant::now());
+                match held.fired.pop_for_rescuer(judged, started) {
+                    Some((task, claim)) => Rescue::Run(task, claim),
+                    None if held.fired.is_empty() => Rescue::Done(next.unwrap_or(Tick::NEVER)),
+                    None => Rescue::Back,
                 }
             });
             match step {
                 // Its owner holds the token: it is back.
                 None => return,
+                Some(Rescue::Back) => {
+                    self.stuck = None;
+                    return;
+                }
                 Some(Rescue::Gone) => {
                     self.gone = true;
                     self.stuck = None;
                     return;
                 }
                 Some(Rescue::Done(next)) => {
-                    self.stuck = Some((beat, next));
+                    self.stuck = Some((judged, next));
                     return;
                 }
-                Some(Rescue::Run(task)) => {
+                Some(Rescue::Run(task, claim)) => {
                     // Counted in the rescued shard's stats, not the watcher's: the
                     // task carries its own shard's accounting.
                     link.dispatch.one(task, link.clock);
+                    // The run ends under the token (a bounded hold, never user code);
+                    // an owner that came back meanwhile may be parked, waiting for it.
+                    let back = link.custody.with(|held| {
+                        held.fired.finish(claim);
+                        held.fired.progress() != judged
+                    });
+                    if back {
+                        link.shared.nudge();
+                        self.stuck = None;
+                        return;
+                    }
                 }
             }
         }
         // More fired tasks wait: come back at once.
-        self.stuck = Some((beat, tick));
+        self.stuck = Some((judged, tick));
     }
 }
 
@@ -370,8 +577,10 @@ impl Watch {
 enum Rescue {
     /// The watched shard shut down.
     Gone,
-    /// A fired task to dispatch here.
-    Run(ShardTask),
+    /// Its owner made progress since it was judged stuck: it is back.
+    Back,
+    /// A fired task to dispatch here, and its claim to the run.
+    Run(ShardTask, Claim),
     /// Nothing more due; its core next has work at this tick.
     Done(Tick),
 }
@@ -387,6 +596,8 @@ pub(crate) struct ShardThread {
     watch: Option<Watch>,
     /// The shard that watches this one, if rescue is on.
     watcher: Option<(Arc<ShardShared>, u64)>,
+    /// Every shard of the service, this one included (`make_room`).
+    peers: Vec<ShardLink>,
 }
 
 impl ShardThread {
@@ -406,7 +617,7 @@ impl ShardThread {
             link: ShardLink {
                 custody: Arc::new(Custody::new(InCustody {
                     core: Some(core),
-                    fired: VecDeque::new(),
+                    fired: FiredQueue::new(),
                 })),
                 shared,
                 dispatch,
@@ -416,7 +627,15 @@ impl ShardThread {
             turns,
             watch: None,
             watcher: None,
+            peers: Vec::new(),
         }
+    }
+
+    /// Gives the thread every shard of its service (this one included), so that a
+    /// push from it that finds one's ring full never waits for that shard
+    /// (`make_room`).
+    pub(crate) fn set_peers(&mut self, peers: Vec<ShardLink>) {
+        self.peers = peers;
     }
 
     /// This shard, as the shard that watches it reaches it.
@@ -466,6 +685,7 @@ impl ShardThread {
             turns,
             mut watch,
             watcher,
+            peers,
         } = self;
         if let Some(turns) = &turns {
             turns.start_on_this_thread();
@@ -484,6 +704,13 @@ impl ShardThread {
         };
         OWN_SHARD.with(|own| own.set(address(&shared)));
         OWN.with(|own| *own.borrow_mut() = Some(Own { link: link.clone() }));
+        PEERS.with(|own_peers| *own_peers.borrow_mut() = peers);
+        // A rescuer's run of ours that has lasted this long is stuck: we take our
+        // queue back (`fired.rs`). Without a watcher nobody else runs it.
+        let rescue_after = watcher.as_ref().map_or(u64::MAX, |(_, after)| *after);
+        let is_stuck = |since: Tick| {
+            clock.tick_of(Instant::now()).get() >= since.get().saturating_add(rescue_after)
+        };
         let batches = link.batches();
         // The last round of the manual clock a turn of this shard began in.
         let mut answered = 0;
@@ -492,25 +719,56 @@ impl ShardThread {
             if shared.fail_turn.load(std::sync::atomic::Ordering::Relaxed) {
                 unreachable!("injected by a test: an internal invariant fails on the shard thread");
             }
+            // Pushes deferred by callbacks on this thread (ground rules of `shard.rs`:
+            // a shard thread never waits for another shard).
+            let deferred = retry_deferred();
             let turn = turns.as_ref().map(TurnSlot::begin_turn);
             let now = || {
                 let now = turn.map_or_else(Instant::now, |turn| turn.now);
-                let reading = Reading {
+                Reading {
                     tick: clock.tick_of(now),
                     ns: clock.instant_to_ns(now),
-                };
-                shared.beat(reading.tick);
-                reading
+                }
             };
-            let Some((finished, fired_any)) =
-                with_own(|link, held| link.turn(held, now, &hand_over)).flatten()
-            else {
+            let Some((finished, fired_any)) = with_own(|link, held| {
+                link.shared.set_progress(held.fired.owner_turned());
+                if held.fired.is_empty() {
+                    return link.turn(held, now, &hand_over);
+                }
+                // A rescuer's run blocks ours (`fired.rs`): take the rings in, and no
+                // more out of the wheel until the queue is dispatched.
+                let core = held.core.as_mut()?;
+                core.drain_inserts();
+                core.drain_messages();
+                Some((true, false))
+            })
+            .flatten() else {
                 break Vec::new(); // a callback on this thread took the core
             };
+            // Whether the queue waits for a rescuer's run: then, the tick it began.
+            let mut blocked = None;
             if !batches {
                 // One at a time, neither the borrow nor the token held while user code
-                // runs.
-                while let Some(task) = with_own(|_, held| held.fired.pop_front()).flatten() {
+                // runs; each pop ends the previous run in the same hold.
+                let mut claim: Option<Claim> = None;
+                loop {
+                    let popped = with_own(|link, held| {
+                        if let Some(claim) = claim.take() {
+                            held.fired.finish(claim);
+                        }
+                        let popped = held.fired.pop_for_owner(is_stuck);
+                        if popped.is_some() {
+                            link.shared.set_progress(held.fired.progress());
+                        } else if !held.fired.is_empty() {
+                            blocked = held.fired.rescuer_since();
+                        }
+                        popped
+                    })
+                    .flatten();
+                    let Some((task, next_claim)) = popped else {
+                        break;
+                    };
+                    claim = Some(next_claim);
                     dispatch.one(task, clock);
                 }
             }
@@ -541,18 +799,30 @@ impl ShardThread {
                 }
                 continue;
             }
+            // Wake by the time a rescuer's run that blocks our queue counts as stuck.
+            let blocked_until =
+                blocked.map(|since| Tick::new(since.get().saturating_add(rescue_after)));
             let plan = with_own(|_, held| {
-                held.core
-                    .as_ref()
-                    .map(|core| plan_park(core, clock, turns.as_ref(), answered, watch.as_ref()))
+                held.core.as_ref().map(|core| {
+                    plan_park(
+                        core,
+                        clock,
+                        turns.as_ref(),
+                        answered,
+                        watch.as_ref(),
+                        blocked_until,
+                    )
+                })
             });
             match plan.flatten() {
                 None => break Vec::new(), // a callback on this thread took the core
-                Some(plan) => park(plan, &shared, watcher.as_ref()),
+                Some(plan) => park(plan, &shared, watcher.as_ref(), deferred),
             }
         };
+        flush_deferred();
         OWN.with(|own| own.borrow_mut().take());
         OWN_SHARD.with(|own| own.set(0));
+        PEERS.with(|own_peers| own_peers.borrow_mut().clear());
         pending
     }
 }
@@ -571,7 +841,7 @@ pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
     let home: RunHome = std::sync::Arc::new(shared.clone());
     let custody = Arc::new(Custody::new(InCustody {
         core: Some(core),
-        fired: VecDeque::new(),
+        fired: FiredQueue::new(),
     }));
     OWN_SHARD.with(|own| own.set(address(&shared)));
     OWN.with(|own| {
@@ -599,8 +869,8 @@ pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
 #[cfg(loom)]
 pub fn park_for_model(core: &ShardCore) {
     let clock = Clock::at(Instant::now(), 3_600_000_000_000);
-    let plan = plan_park(core, clock, None, 0, None);
-    park(plan, core.shared(), None);
+    let plan = plan_park(core, clock, None, 0, None, None);
+    park(plan, core.shared(), None, false);
 }
 
 /// Aborts the process if dropped while its thread unwinds: a shard thread must never
@@ -646,6 +916,7 @@ fn plan_park(
     turns: Option<&TurnSlot>,
     answered: u64,
     watch: Option<&Watch>,
+    blocked_until: Option<Tick>,
 ) -> Park {
     let due = core.next_expiry().unwrap_or(Tick::NEVER);
     let mut wake = due;
@@ -662,6 +933,9 @@ fn plan_park(
     let now = clock.tick_of(now);
     if let Some(watch) = watch {
         wake = wake.min(watch.horizon(now));
+    }
+    if let Some(blocked_until) = blocked_until {
+        wake = wake.min(blocked_until);
     }
     if wake <= now {
         return Park::No;
@@ -690,7 +964,13 @@ fn plan_park(
 
 /// Sleeps as `plan` says, without the token; first unparks the watcher if this shard
 /// has timers due before the watcher's own wake-up allows for (ground rules: watching).
-fn park(plan: Park, shared: &ShardShared, watcher: Option<&(Arc<ShardShared>, u64)>) {
+/// With pushes `deferred`, sleeps a millisecond at most, to retry them.
+fn park(
+    plan: Park,
+    shared: &ShardShared,
+    watcher: Option<&(Arc<ShardShared>, u64)>,
+    deferred: bool,
+) {
     let due = match plan {
         Park::No => return,
         Park::Indefinitely(due) | Park::Until(_, due) => due,
@@ -704,13 +984,16 @@ fn park(plan: Park, shared: &ShardShared, watcher: Option<&(Arc<ShardShared>, u6
             watcher.nudge();
         }
     }
+    let retry = std::time::Duration::from_millis(1);
     match plan {
         Park::No => {}
+        Park::Indefinitely(_) if deferred => thread::park_timeout(retry),
         Park::Indefinitely(_) => thread::park(),
         Park::Until(until, _) => {
             let now = Instant::now();
             if until > now {
-                thread::park_timeout(until - now);
+                let sleep = until - now;
+                thread::park_timeout(if deferred { sleep.min(retry) } else { sleep });
             }
         }
     }
