@@ -144,7 +144,7 @@ struct Vtable {
     hands_back: bool,
     /// Whether the timer holds room under `max_pending` (freed when it fires or is
     /// cancelled): every timer of `schedule*` and the `try_*` futures; not the timer of
-    /// an infallible future (`sleep`, `timeout`, `interval`: DESIGN.md guarantee 9).
+    /// an infallible future (`sleep`, `timeout`, `interval`: guarantee 9; docs/architecture.md).
     holds_room: bool,
     /// Whether the allocation is a `SleepEntry` (`sleep.rs`), not an `Entry<F>`.
     sleep: bool,

@@ -89,8 +89,8 @@ enum Armed {
 impl Armed {
     /// Schedules a sleep's timer on `home` for `deadline`; it holds room under
     /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
-    /// the service's now needs no timer: the sleep is elapsed at once (DESIGN.md
-    /// guarantee 8). A refusal completes it at once, with the reason.
+    /// the service's now needs no timer: the sleep is elapsed at once (guarantee 8;
+    /// docs/architecture.md). A refusal completes it at once, with the reason.
     fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
         if home.is_past(deadline) {
             return Armed::Elapsed;
