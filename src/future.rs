@@ -146,10 +146,11 @@ impl Armed {
     fn disarm(&self) {
         if let Armed::Timer(handle) = self {
             if let Some(shared) = handle.sleep_shared() {
-                if shared.disarm() {
+                let (disarmed, waker) = shared.give_up();
+                if disarmed {
                     let _ = handle.cancel();
                 }
-                drop(shared.take_waker());
+                drop(waker);
             }
         }
     }

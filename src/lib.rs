@@ -255,8 +255,8 @@ pub mod __loom {
     pub use crate::limit::PendingLimit;
     pub use crate::ring::{Cursor, CursorSeed, PushError, Reservation, Reserve, Ring};
     pub use crate::shard::{
-        park_for_model, run_as_shard_thread, Cursors, Custody, Expired, ShardCore, ShardShared,
-        AWAKE,
+        park_for_model, run_as_shard_thread, Claim, Cursors, Custody, Expired, FiredQueue,
+        ModelShard, ShardCore, ShardShared, AWAKE,
     };
 
     /// A fresh timer id (the models need one per entry).

@@ -64,9 +64,11 @@ use crate::sync::{
 pub use self::core::{Expired, ShardCore};
 #[cfg(loom)]
 pub use self::custody::Custody;
+#[cfg(loom)]
+pub use self::fired::{Claim, FiredQueue};
 pub(crate) use self::shard_loop::{dispatch_rest_here, is_own_thread, take_own_core, ShardThread};
 #[cfg(loom)]
-pub use self::shard_loop::{park_for_model, run_as_shard_thread};
+pub use self::shard_loop::{park_for_model, run_as_shard_thread, ModelShard};
 
 /// `next_wake` while the shard is running: no deadline is earlier, so no producer
 /// needs to wake it. (`next_wake` is [`Tick::NEVER`] while the shard sleeps with

@@ -14,6 +14,8 @@
 //! only when the full ring is its own (as before the fix): both threads spin on each
 //! other's full ring, and loom stops the model ("Model exceeded maximum number of
 //! branches").
+//! Model 2 (issue 29, defect 2): a shard thread meets a stuck shard's full ring; see
+//! its doc comment.
 //! Command: as in `ring.rs`, with `--test full_rings`.
 #![cfg(loom)]
 
@@ -77,5 +79,55 @@ fn inline_callbacks_scheduling_onto_each_others_full_rings_both_finish() {
         core_b.drain_inserts();
         assert_eq!(core_a.shut_down().len() as u64, EACH, "a holds b's timers");
         assert_eq!(core_b.shut_down().len() as u64, EACH, "b holds a's timers");
+    });
+}
+
+/// Model 2 (issue 29, defect 2): a shard thread meets a *stuck* shard's full ring.
+/// Shard `a`'s thread is stuck inside a callback (it takes nothing in until the other
+/// callback is done); shard `b`'s thread runs an inline callback (a rescued one, say)
+/// that schedules three timers onto `a`, whose insert ring has two slots.
+/// Asserts: `b`'s callback finishes while `a` stays stuck (`b` takes `a`'s token and
+/// drains the ring into `a`'s wheel, or defers the push to its next turn: it never
+/// waits for `a`); `a` then holds exactly the three timers; nothing leaks.
+/// Seeded bug that makes it fail: `make_room` answering `Wait` for another shard's
+/// ring (the push backs off as before the fix): `b` spins on `a`'s full ring while
+/// `a` waits for `b`, and loom stops the model ("Model exceeded maximum number of
+/// branches").
+#[test]
+fn a_shard_thread_never_waits_for_a_stuck_shards_full_ring() {
+    use sharded_timer::__loom::ModelShard;
+    model(|| {
+        let (_, core_a) = shard::new(2);
+        let (_, core_b) = shard::new(2);
+        let a = ModelShard::new(core_a);
+        let b = ModelShard::new(core_b);
+        let b_done = Arc::new(AtomicBool::new(false));
+        let on_b = {
+            let (a, b, b_done) = (a.clone(), b.clone(), b_done.clone());
+            thread::spawn(move || {
+                b.shared().set_thread(thread::current());
+                b.run_as_thread(&[&a, &b], || {
+                    for k in 0..EACH {
+                        let (handle, service) = EntryRef::new(next_id(), Nanos::new(10 + k), || {});
+                        assert!(a.shared().push_insert(service, Tick::new(10 + k)).is_ok());
+                        trace(format!("b scheduled {k} onto a"));
+                        drop(handle);
+                    }
+                });
+                b_done.store(true, Ordering::SeqCst);
+            })
+        };
+        // `a` is stuck until `b`'s callback is done (it waits for it, say).
+        a.shared().set_thread(thread::current());
+        while !b_done.load(Ordering::SeqCst) {
+            thread::yield_now();
+        }
+        on_b.join().unwrap();
+        let pending = a.with_core(|core| {
+            core.drain_inserts();
+            core.shut_down().len() as u64
+        });
+        assert_eq!(pending, EACH, "a holds b's timers");
+        b.with_core(|core| assert!(core.shut_down().is_empty()));
     });
 }

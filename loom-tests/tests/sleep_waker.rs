@@ -13,7 +13,8 @@
 //! no waker, and the task parks for ever): "deadlock; threads = [(Id(0),
 //! Blocked(Location(None))), (Id(1), Terminated)]".
 //! Third model (issue 19, defect 8): a sleep dropped while its timer fires; see its
-//! doc comment.
+//! doc comment. Fourth model (issue 29, defect 3): a dropped sleep's waker is never
+//! dropped inside the shard's turn; see its doc comment.
 //! Command: as in `ring.rs`, with `--test sleep_waker`.
 #![cfg(loom)]
 
@@ -179,5 +180,73 @@ fn a_sleep_entry_fired_by_the_shard_while_its_future_drops_it() {
             assert_eq!(fired, 1, "the disarm lost: the timer had fired");
             assert_eq!(woken, 1, "the timer that fired first woke the task, once");
         }
+    });
+}
+
+/// A waker that fails the model if it is dropped while the shard takes its messages
+/// (`draining`): user code inside the shard's turn, under its token.
+struct FailsInTurn(std::sync::Arc<loom::sync::atomic::AtomicBool>);
+
+impl std::task::Wake for FailsInTurn {
+    fn wake(self: std::sync::Arc<Self>) {}
+}
+
+impl Drop for FailsInTurn {
+    fn drop(&mut self) {
+        assert!(
+            !self.0.load(loom::sync::atomic::Ordering::SeqCst),
+            "a sleep's waker dropped inside the shard's turn"
+        );
+    }
+}
+
+/// Model 4 (issue 29, defect 3): a sleep's waker is never dropped inside the shard's
+/// turn. As model 3, but the future's thread does what `Sleep::drop` does now
+/// (`SleepShared::give_up`: disarm and take the waker; cancel if it disarmed; drop the
+/// waker, then its handle), so that the cancel message the shard takes holds the
+/// entry's last reference.
+/// Asserts: the waker (user code: it may own its task, or panic) is never dropped
+/// while the shard drains its messages; a dropped sleep wakes nobody.
+/// Seeded bug that makes it fail: `give_up` leaving the waker in the entry (as
+/// `disarm` alone did before): "a sleep's waker dropped inside the shard's turn".
+#[test]
+fn a_dropped_sleeps_waker_is_never_dropped_inside_the_shards_turn() {
+    use loom_tests::shard;
+    use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
+    model(|| {
+        let (shard_shared, mut core) = shard::new(2);
+        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false);
+        assert!(shard_shared.push_insert(service, Tick::new(0)).is_ok());
+        core.drain_inserts();
+        let draining = std::sync::Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let waker = std::task::Waker::from(std::sync::Arc::new(FailsInTurn(draining.clone())));
+        let shared = handle.sleep_shared().expect("a sleep's entry");
+        assert!(shared
+            .poll_finished(&mut std::task::Context::from_waker(&waker))
+            .is_pending());
+        drop(waker);
+        let dropper = {
+            let port_of = shard_shared.clone();
+            thread::spawn(move || {
+                // `Sleep::drop` → `Armed::disarm`, then the handle goes.
+                let shared = handle.sleep_shared().expect("a sleep's entry");
+                let (disarmed, waker) = shared.give_up();
+                if disarmed {
+                    drop(handle.cancel(&port_of.port()));
+                }
+                drop(waker);
+                drop(handle);
+                disarmed
+            })
+        };
+        let fired = shard::turn(&mut core, 0);
+        let disarmed = dropper.join().unwrap();
+        draining.store(true, loom::sync::atomic::Ordering::SeqCst);
+        while core.awaiting() > 0 {
+            core.drain_messages();
+        }
+        core.drain_messages();
+        draining.store(false, loom::sync::atomic::Ordering::SeqCst);
+        assert!(disarmed || fired == 1, "the disarm lost only to the fire");
     });
 }

@@ -22,8 +22,8 @@
 //! often goes on the shard thread, inside its turn (the cancel message the shard takes),
 //! so the waker must be gone by then: `finish` takes it to wake it, and the future,
 //! when it gives its timer up (dropped, re-armed), takes it out with
-//! [`SleepShared::take_waker`] and drops it on its own thread. `dealloc` then finds
-//! none.
+//! [`SleepShared::give_up`] and drops it on its own thread. `dealloc` then finds
+//! none (`loom-tests/tests/sleep_waker.rs`, model 4).
 
 use core::ptr::NonNull;
 
@@ -95,12 +95,17 @@ impl SleepShared {
             .is_ok()
     }
 
-    /// Takes the stored waker out, for the future that gives its timer up to drop on
-    /// its own thread (ground rules: a waker is user code, and the entry's last
-    /// reference may go on a shard thread, inside its turn). After its future's last
-    /// call, nothing stores a waker again: only `poll_finished` does, on that future.
-    pub fn take_waker(&self) -> Option<Waker> {
-        self.waker.lock().unwrap_or_else(|e| e.into_inner()).take()
+    /// The sleep's future gives its timer up for good or for a new one (dropped,
+    /// re-armed): [`disarm`](Self::disarm)s it (the first value: whether this call
+    /// did, so that the caller cancels the timer), and takes the stored waker out for
+    /// the caller to drop on its own thread, after the cancel (ground rules: a waker
+    /// is user code, and the entry's last reference may go on a shard thread, inside
+    /// its turn). Nothing stores a waker afterwards: only `poll_finished` does, for
+    /// the future that gave the timer up.
+    pub fn give_up(&self) -> (bool, Option<Waker>) {
+        let disarmed = self.disarm();
+        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        (disarmed, waker)
     }
 
     /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.

@@ -29,7 +29,7 @@ use crate::clock::Tick;
 
 /// Who runs a popped callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Runner {
+pub(crate) enum Runner {
     /// The shard's own thread.
     Owner,
     /// The shard that watches it.
@@ -38,7 +38,7 @@ pub enum Runner {
 
 /// The run in progress.
 #[derive(Clone, Copy, Debug)]
-pub struct Running {
+pub(crate) struct Running {
     /// Who runs it.
     by: Runner,
     /// Its number (runs are numbered from 1, in pop order).

@@ -863,6 +863,84 @@ pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
         .expect("model invariant: f does not shut its shard down")
 }
 
+/// A shard as the models see it: its core in custody, as `ShardThread` keeps it, so
+/// that another model thread running as a shard thread (`run_as_thread`) reaches it
+/// as a peer (`make_room`). Loom only.
+#[cfg(loom)]
+#[derive(Clone, Debug)]
+pub struct ModelShard {
+    /// The shard's link, inline dispatch.
+    link: ShardLink,
+}
+
+#[cfg(loom)]
+impl ModelShard {
+    /// `core`'s shard, its core in custody.
+    pub fn new(core: ShardCore) -> Self {
+        let clock = Clock::at(Instant::now(), 1);
+        let shared = core.shared().clone();
+        let home: RunHome = std::sync::Arc::new(shared.clone());
+        ModelShard {
+            link: ShardLink {
+                custody: Arc::new(Custody::new(InCustody {
+                    core: Some(core),
+                    fired: FiredQueue::new(),
+                })),
+                shared,
+                dispatch: Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0))),
+                clock,
+                home,
+            },
+        }
+    }
+
+    /// The shard's shared half.
+    pub fn shared(&self) -> &Arc<ShardShared> {
+        &self.link.shared
+    }
+
+    /// Runs `f` on the core, holding the token (as the shard's owner does).
+    ///
+    /// # Panics
+    ///
+    /// If the core was taken (the models do not take it).
+    pub fn with_core<R>(&self, f: impl FnOnce(&mut ShardCore) -> R) -> R {
+        self.link.custody.with(|held| {
+            f(held
+                .core
+                .as_mut()
+                .expect("model invariant: the core is there"))
+        })
+    }
+
+    /// Runs `f` as code on this shard's thread (an inline callback) whose service has
+    /// `peers` (this shard among them), then retries what `f` deferred until none is
+    /// left, as the shard loop's next turns do (`retry_deferred`), taking its own
+    /// rings in between. Returns how many retry rounds that took.
+    pub fn run_as_thread(&self, peers: &[&ModelShard], f: impl FnOnce()) -> usize {
+        OWN_SHARD.with(|own| own.set(address(&self.link.shared)));
+        OWN.with(|own| {
+            *own.borrow_mut() = Some(Own {
+                link: self.link.clone(),
+            });
+        });
+        PEERS.with(|own_peers| {
+            *own_peers.borrow_mut() = peers.iter().map(|peer| peer.link.clone()).collect();
+        });
+        f();
+        let mut rounds = 0;
+        while retry_deferred() {
+            rounds += 1;
+            drain_own_rings();
+            spin_loop();
+        }
+        OWN_SHARD.with(|own| own.set(0));
+        OWN.with(|own| own.borrow_mut().take());
+        PEERS.with(|own_peers| own_peers.borrow_mut().clear());
+        rounds
+    }
+}
+
 /// The models' way into the shard thread's real park (`plan_park`, `park`), on the
 /// system clock, with ticks of an hour (so the wall time a model takes stays in tick
 /// 0). Loom only.
