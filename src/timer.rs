@@ -128,8 +128,10 @@ impl Builder {
     /// ticks (at least one). Default: `Some(4 ticks)`. `None` turns rescue off: a
     /// shard's due timers then wait for its own thread, as in Netty.
     ///
-    /// Each shard thread watches one other shard. When that shard has not begun a
-    /// turn for `rescue_after` while awake, or has overslept its wake-up by as much,
+    /// Each shard thread watches one other shard. When that shard has made no
+    /// progress (begun no turn and taken no inline callback off its queue) for
+    /// `rescue_after` while awake, or has overslept its wake-up by as much (so a
+    /// stuck shard is noticed between 1 and 2 × `rescue_after` after it stopped),
     /// the watcher takes the shard's wheel for a turn (an atomic ownership token,
     /// never waiting for it) and fires what is due: inline callbacks then run on the
     /// watcher's thread, still one at a time in deadline order per shard, and a pool
