@@ -15,9 +15,9 @@ mod support;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sharded_timer::{ManualClock, ShardedTimer, TimerState};
+use sharded_timer::{Callbacks, ManualClock, ShardedTimer, TimerState};
 use support::{wait_until, DropCounter, WAIT};
 
 const MS: Duration = Duration::from_millis(1);
@@ -290,4 +290,63 @@ fn d8_a_cancel_that_returns_true_stops_a_run_queued_behind_a_busy_worker() {
         "{stats:?}"
     );
     assert_eq!(drops.dropped(), 1, "dropped once");
+}
+
+/// Found by the chaos run (`cargo run --release -- chaos`): a repeating timer cancelled
+/// during a run, whose capture's `Drop` panics, was never counted as cancelled — the
+/// runner dropped the callback before counting, the drop unwound past the count, and
+/// `pending` read 1 for ever, after `shutdown` too. On the pool and inline alike.
+#[test]
+fn a_cancelled_repeating_timer_whose_capture_panics_on_drop_is_counted_cancelled() {
+    struct PanicOnDrop;
+    impl Drop for PanicOnDrop {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                panic!("deliberate: a capture's Drop panics");
+            }
+        }
+    }
+    for callbacks in [Callbacks::pool(1), Callbacks::inline()] {
+        let timer = ShardedTimer::builder()
+            .shards(1)
+            .pin_cores(false)
+            .callbacks(callbacks)
+            .build()
+            .expect("a one-shard service builds");
+        let (started, runs) = std::sync::mpsc::channel();
+        let (release, gate) = std::sync::mpsc::channel::<()>();
+        let gate = std::sync::Mutex::new(gate);
+        let capture = PanicOnDrop;
+        let handle = timer
+            .schedule_repeating(Duration::from_millis(1), move || {
+                let _capture = &capture;
+                let _ = started.send(());
+                // Held until the test has cancelled (bounded: 10 s).
+                let _ = gate.lock().unwrap().recv_timeout(Duration::from_secs(10));
+            })
+            .expect("scheduled");
+        runs.recv_timeout(Duration::from_secs(10))
+            .expect("a run is under way");
+        assert!(handle.cancel(), "a cancel during a run wins");
+        release.send(()).expect("the run waits for the gate");
+        // The run returns, counts the cancel and drops the callback (which panics,
+        // and is counted as a panic).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = timer.stats();
+            if stats.cancelled == 1 && stats.panicked == 1 {
+                assert_eq!(stats.pending, 0, "{stats:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "never counted: {stats:?}");
+            std::thread::yield_now();
+        }
+        assert!(timer.shutdown().is_empty());
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.scheduled, stats.cancelled, stats.pending),
+            (1, 1, 0),
+            "{stats:?}"
+        );
+    }
 }

@@ -103,12 +103,28 @@ impl RunTask {
         if skipped > 0 {
             home.count_skipped(skipped);
         }
-        match running.finish() {
-            Some(entry) => home.refile_run(entry, clock.due_tick(next)),
-            None => home.count_run_cancelled(),
-        }
-        if let Some(panic) = panic {
-            std::panic::resume_unwind(panic);
+        let cancelled = match running.finish_deferred() {
+            Ok(entry) => {
+                home.refile_run(entry, clock.due_tick(next));
+                None
+            }
+            Err(cancelled) => {
+                home.count_run_cancelled();
+                Some(cancelled)
+            }
+        };
+        // The bookkeeping is done: only now the callback of a cancelled timer is
+        // dropped (user code: a capture's `Drop` may panic). A panic of the callback
+        // itself wins over one of its drop, whose payload is then forgotten, not
+        // dropped (a payload may panic on drop too).
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(cancelled)));
+        match (panic, dropped) {
+            (Some(panic), Err(drop_panic)) => {
+                core::mem::forget(drop_panic);
+                std::panic::resume_unwind(panic);
+            }
+            (Some(panic), Ok(())) | (None, Err(panic)) => std::panic::resume_unwind(panic),
+            (None, Ok(())) => {}
         }
     }
 

@@ -274,6 +274,21 @@ impl RunningEntry {
         self.finish_in_place()
     }
 
+    /// As [`finish`](Self::finish), but a cancelled timer's callback is not dropped
+    /// here: it comes back as a [`CancelledRun`], which drops it when it is dropped, so
+    /// the caller does its bookkeeping (counting the cancel) first and lets user code
+    /// (the callback's captures, whose `Drop` may panic) run last.
+    pub fn finish_deferred(mut self) -> Result<EntryRef, CancelledRun> {
+        let entry = self
+            .entry
+            .take()
+            .expect("run invariant: a run is finished once");
+        if entry.header().state.finish_run() {
+            return Ok(entry);
+        }
+        Err(CancelledRun(Some(entry)))
+    }
+
     /// As [`finish`](Self::finish), for `Drop` too.
     fn finish_in_place(&mut self) -> Option<EntryRef> {
         let entry = self.entry.take()?;
@@ -284,6 +299,24 @@ impl RunningEntry {
         // (ground rule 2), untaken; we drop it once, after the state word is settled.
         unsafe { entry.drop_callback() };
         None
+    }
+}
+
+/// A repeating timer whose run ended after a cancel won: its callback is the run's to
+/// drop (ground rule 2), and is dropped when this is dropped, after the caller's
+/// bookkeeping.
+#[derive(Debug)]
+pub struct CancelledRun(Option<EntryRef>);
+
+impl Drop for CancelledRun {
+    fn drop(&mut self) {
+        if let Some(entry) = self.0.take() {
+            // SAFETY: a cancel won while the run held RUNNING (`finish_run` returned
+            // false), so it left the callback to the run, untaken; `finish_deferred`
+            // handed that duty here, and `take` makes this the only drop. If the drop
+            // panics, `entry` (a local) still gives its reference back as it unwinds.
+            unsafe { entry.drop_callback() };
+        }
     }
 }
 
