@@ -106,6 +106,12 @@ impl Callbacks {
     /// that fired it, in deadline order; the spawner sends it where it should run and
     /// returns. A spawner that panics drops the callback unrun; the panic is caught and
     /// counted in [`Stats::panicked`](crate::Stats::panicked).
+    ///
+    /// `shutdown` waits for the hand-over, not for the runs: a [`Callback`] stays
+    /// runnable after it. So a repeating timer whose run is handed over (or under way)
+    /// when `shutdown` starts is not among the [`Unfired`](crate::Unfired) it returns;
+    /// that run is its last (its next run, due after the service stopped, is never
+    /// filed; the callback is dropped with the service).
     pub fn spawn<S>(spawner: S) -> Callbacks
     where
         S: Fn(Callback) + Send + Sync + 'static,
