@@ -52,7 +52,7 @@ use crate::error::ScheduleError;
 use crate::handle::{HandleOptions, TimerHandle};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
-use crate::shard::ShardShared;
+use crate::shard::{DirectPort, ShardShared};
 use crate::sync::{current_cpu, fence, Arc, AtomicBool, AtomicUsize, CachePadded, Mutex, Ordering};
 
 /// One shard of a service, with what scheduling onto it needs: the service's clock,
@@ -64,6 +64,8 @@ pub(crate) struct CoreHome<K> {
     home: Home<K>,
     /// The shard this home schedules onto.
     shard: Arc<ShardShared>,
+    /// Its custody, to file new timers into its wheel directly (`shard/direct.rs`).
+    direct: DirectPort,
     /// Ticks ↔ instants.
     clock: Clock,
     /// Where the service reads the time.
@@ -80,6 +82,7 @@ impl<K: Clone> CoreHome<K> {
     /// The home of `shard`.
     pub(crate) fn new(
         shard: Arc<ShardShared>,
+        direct: DirectPort,
         clock: Clock,
         time: TimeSource,
         limit: Option<Arc<PendingLimit>>,
@@ -90,6 +93,7 @@ impl<K: Clone> CoreHome<K> {
             home: Home::new(),
             users,
             shard,
+            direct,
             clock,
             time,
             limit,
@@ -142,7 +146,9 @@ impl<K: Clone> CoreHome<K> {
         }
         let (handle_ref, service_ref) = make(id);
         let shard = &*self.shard;
-        if let Err(service_ref) = shard.push_insert(service_ref, self.clock.due_tick(deadline)) {
+        let due = self.clock.due_tick(deadline);
+        // Filed directly if the shard's token is free, else through its ring.
+        if let Err(service_ref) = self.direct.schedule(shard, service_ref, due) {
             // The shard has shut down: nobody else has seen this entry; dropping both
             // references drops the callback.
             drop(service_ref);

@@ -18,7 +18,10 @@
 //!   not park). No wakeup is lost. Fences rather than SeqCst accesses because this is
 //!   the form loom can check (it treats SeqCst accesses as AcqRel), modelled in
 //!   `loom-tests/tests/park.rs`. While awake the shard publishes [`AWAKE`], so
-//!   producers do not unpark it.
+//!   producers do not unpark it. That is the ring's half: a producer that gets the
+//!   shard's token files directly instead (`direct.rs`), and reads `next_wake` inside
+//!   its hold, which the token orders against the shard's plan (made in a hold too),
+//!   with no fence (`loom-tests/tests/direct.rs`).
 //! - **Publish last.** A producer decides on the wake-up *between* reserving its slot
 //!   and publishing its value, taking an owned handle to the shard's thread if it
 //!   must wake it; publishing is its last access to the shard, and the unpark goes
@@ -46,6 +49,7 @@
 
 mod core;
 mod custody;
+mod direct;
 mod fired;
 mod shard_loop;
 
@@ -64,6 +68,7 @@ use crate::sync::{
 pub use self::core::{Expired, ShardCore};
 #[cfg(loom)]
 pub use self::custody::Custody;
+pub(crate) use self::direct::DirectPort;
 #[cfg(loom)]
 pub use self::fired::{Claim, FiredQueue};
 pub(crate) use self::shard_loop::{dispatch_rest_here, is_own_thread, take_own_core, ShardThread};
@@ -84,6 +89,8 @@ const FIRE_BATCH: usize = 256;
 pub struct ShardStats {
     /// Timers taken from the insert ring.
     pub scheduled: AtomicU64,
+    /// Timers filed directly by their producer, under the token (`direct.rs`).
+    pub filed_direct: AtomicU64,
     /// Timers that won Pending → Fired (and runs of repeating timers).
     pub fired: AtomicU64,
     /// Runs of repeating timers started (counted in `fired` too).
@@ -167,6 +174,11 @@ pub struct ShardShared {
     stop: AtomicBool,
     /// The shard thread, to unpark.
     thread: ThreadSlot,
+    /// Where the shard's core is in custody, for direct unlinking (`direct.rs`): set
+    /// once, before the shard is shared, by whoever puts the core there; null for a
+    /// core that no custody holds (the models' bare cores), whose messages all go
+    /// through the ring.
+    custody: direct::CustodySlot,
     /// Counters written by the shard thread.
     pub stats: CachePadded<ShardStats>,
     /// Runs of repeating timers skipped because they fell a whole period behind;
@@ -256,6 +268,7 @@ impl ShardShared {
             due: CachePadded::new(AtomicU64::new(Tick::NEVER.get())),
             stop: AtomicBool::new(false),
             thread: ThreadSlot::default(),
+            custody: direct::CustodySlot::default(),
             stats: CachePadded::new(ShardStats::default()),
             skipped: AtomicU64::new(0),
             refiled: AtomicU64::new(0),
@@ -294,9 +307,10 @@ impl ShardShared {
     /// This shard's counters as they stand (exact at quiescence); wakes nothing.
     pub(crate) fn load(&self) -> Load {
         // ORDERING: Relaxed throughout: statistics, exact at quiescence.
-        let scheduled = self.stats.scheduled.load(Ordering::Relaxed);
+        let from_ring = self.stats.scheduled.load(Ordering::Relaxed);
         Load {
-            scheduled,
+            // ORDERING: as above.
+            scheduled: from_ring + self.stats.filed_direct.load(Ordering::Relaxed),
             // ORDERING: as above.
             fired: self.stats.fired.load(Ordering::Relaxed),
             // ORDERING: as above.
@@ -311,7 +325,7 @@ impl ShardShared {
             returned: self.returned.load(Ordering::Relaxed),
             // ORDERING: as above.
             skipped: self.skipped.load(Ordering::Relaxed),
-            in_ring: self.insert.reserved_since(scheduled),
+            in_ring: self.insert.reserved_since(from_ring),
             // ORDERING: as above.
             ring_full_waits: self
                 .ring_full_waits
@@ -639,10 +653,15 @@ impl RunSink for Arc<ShardShared> {
 
 impl CancelSink for ShardShared {
     fn send_cancel(&self, entry: EntryRef) {
-        self.send_message(Message::Cancel(entry), Wake::IfIdle);
+        // Direct unlinking (`direct.rs`) if the token is free; else the ring.
+        if let Err(message) = direct::take(self, Message::Cancel(entry)) {
+            self.send_message(message, Wake::IfIdle);
+        }
     }
 
     fn send_move(&self, entry: EntryRef) {
-        self.send_message(Message::Move(entry), Wake::Always);
+        if let Err(message) = direct::take(self, Message::Move(entry)) {
+            self.send_message(message, Wake::Always);
+        }
     }
 }

@@ -269,6 +269,11 @@ impl Builder {
         // Every shard thread may push onto every shard: it needs their links to
         // never wait for a full ring of one (`shard_loop::make_room`).
         let peers: Vec<_> = threads.iter().map(|(_, thread)| thread.link()).collect();
+        // Producers file into a shard's wheel directly when its token is free.
+        let direct_ports: Vec<_> = threads
+            .iter()
+            .map(|(_, thread)| thread.direct_port())
+            .collect();
         for (_, thread) in &mut threads {
             thread.set_peers(peers.clone());
         }
@@ -324,9 +329,11 @@ impl Builder {
         let users = Arc::new(CachePadded::new(AtomicUsize::new(1)));
         let homes = shared
             .iter()
-            .map(|shard| {
+            .zip(direct_ports)
+            .map(|(shard, direct)| {
                 Arc::new(CoreHome::new(
                     shard.clone(),
+                    direct,
                     clock,
                     time.clone(),
                     limit.clone(),

@@ -155,6 +155,11 @@ impl ShardCore {
         self.wheel.next_expiry().map(Tick::new)
     }
 
+    /// The tick `entry` is due at, by its latest deadline.
+    pub(crate) fn due_tick(&self, entry: &EntryRef) -> Tick {
+        self.ticks.due_tick(entry.deadline())
+    }
+
     /// The park handshake's store half; see [`ShardShared::prepare_park`].
     pub fn prepare_park(&self, wake: Tick) -> bool {
         self.shared.prepare_park(&self.cursors, wake)
@@ -170,22 +175,67 @@ impl ShardCore {
                 break;
             };
             drained += 1;
-            match entry.mark_filed() {
-                File::Filed => {
-                    let ptr = self.store.release(entry);
-                    self.wheel.insert(&mut self.store, ptr);
-                }
-                File::AlreadyCancelled { moving } => {
-                    cancelled += 1;
-                    if moving {
-                        await_message(&mut self.store, &mut self.awaiting, &entry, Aside::Move);
-                    }
-                }
+            if let Some(entry) = self.file_one(entry) {
+                cancelled += 1;
+                drop(entry);
             }
         }
         ShardStats::bump(&self.shared.stats.scheduled, drained as u64);
         ShardStats::bump(&self.shared.stats.cancelled, cancelled);
         drained
+    }
+
+    /// Files `entry` (the service reference of a new timer, or of a repeating timer's
+    /// next run) into the wheel, as the drain of the insert ring does; if a cancel won
+    /// first, tracks the move message still to come (if any) and gives the reference
+    /// back, to be dropped by the caller.
+    fn file_one(&mut self, entry: EntryRef) -> Option<EntryRef> {
+        match entry.mark_filed() {
+            File::Filed => {
+                let ptr = self.store.release(entry);
+                self.wheel.insert(&mut self.store, ptr);
+                None
+            }
+            File::AlreadyCancelled { moving } => {
+                if moving {
+                    await_message(&mut self.store, &mut self.awaiting, &entry, Aside::Move);
+                }
+                Some(entry)
+            }
+        }
+    }
+
+    /// Direct filing (`direct.rs`): files a new timer handed over by its producer,
+    /// who holds the shard's token, with the drain's bookkeeping (counted in
+    /// `filed_direct`, not `scheduled`, which counts what left the insert ring).
+    /// Returns the reference if a cancel won first, for the caller to drop after it
+    /// gives the token back.
+    pub fn file_direct(&mut self, entry: EntryRef) -> Option<EntryRef> {
+        ShardStats::bump(&self.shared.stats.filed_direct, 1);
+        let cancelled = self.file_one(entry);
+        if cancelled.is_some() {
+            ShardStats::bump(&self.shared.stats.cancelled, 1);
+        }
+        cancelled
+    }
+
+    /// Direct unlinking (`direct.rs`): takes a cancel or move message from its sender,
+    /// who holds the shard's token, exactly as the drain of the message ring would
+    /// (the second table of the ground rules). Returns the references to drop after
+    /// the token is given back: the message's, and the wheel's if a cancel unlinked
+    /// the entry.
+    pub fn take_direct(&mut self, message: Message) -> (EntryRef, Option<EntryRef>) {
+        match message {
+            Message::Cancel(entry) => {
+                ShardStats::bump(&self.shared.stats.cancelled, 1);
+                let unlinked = self.take_cancel(&entry);
+                (entry, unlinked)
+            }
+            Message::Move(entry) => {
+                self.take_move(&entry);
+                (entry, None)
+            }
+        }
     }
 
     /// Processes cancel and move messages (the second table of the ground rules);
@@ -201,7 +251,7 @@ impl ShardCore {
             match message {
                 Message::Cancel(entry) => {
                     cancelled += 1;
-                    self.take_cancel(&entry);
+                    drop(self.take_cancel(&entry));
                 }
                 Message::Move(entry) => self.take_move(&entry),
             }
@@ -210,9 +260,11 @@ impl ShardCore {
         drained
     }
 
-    /// A cancel message for `entry`.
-    fn take_cancel(&mut self, entry: &EntryRef) {
+    /// A cancel message for `entry`; returns the wheel's reference if the entry was
+    /// in the wheel (never the last: the message holds one).
+    fn take_cancel(&mut self, entry: &EntryRef) -> Option<EntryRef> {
         let ptr = entry.as_ptr();
+        let mut unlinked = None;
         match self.store.aside(ptr) {
             Some(Aside::Cancel) => {
                 self.awaiting -= 1;
@@ -222,7 +274,7 @@ impl ShardCore {
                 self.wheel.remove(&mut self.store, ptr);
                 // SAFETY: the entry was in the wheel, filed with the reference that
                 // `release` gave up, unclaimed until now; it leaves the store here.
-                drop(unsafe { self.store.claim(ptr) });
+                unlinked = Some(unsafe { self.store.claim(ptr) });
             }
             Some(other) => {
                 unreachable!("message invariant: a cancel message for an entry aside as {other:?}")
@@ -231,6 +283,7 @@ impl ShardCore {
         if entry.snapshot().is_moving() {
             await_message(&mut self.store, &mut self.awaiting, entry, Aside::Move);
         }
+        unlinked
     }
 
     /// A move message for `entry`.

@@ -19,6 +19,15 @@
 //!   (`TURN_BUDGET` entries) or pops one fired task, and gives the token back before
 //!   any user code runs (a callback, a spawner). So a thread that must have the token
 //!   (the owner, for its next turn) spins with backoff for at most one bounded turn.
+//! - **Holders.** The shard's own thread (each turn, each pop of a fired task, its
+//!   plan to park), a rescuer (a bounded turn, a pop), a shard thread making room in
+//!   a full ring, and, since issue 30, producers and cancellers (`direct.rs`): a
+//!   producer files its new timer into the wheel, a canceller takes its own cancel
+//!   or move message, each one entry's work. All but the owner's next turn only
+//!   *try* the token and fall back to the rings, so nobody but the owner ever waits
+//!   for it. The shard publishes its wake-up (`next_wake`) inside the hold in which
+//!   it plans its park, and a direct filer reads it inside its own: the token's
+//!   Acquire and Release order the two (`direct.rs`, the park handshake, direct).
 //! - **Not re-entrant.** A holder never takes the token again before giving it back;
 //!   the shard loop's thread-local borrow guards its own thread against that (user code
 //!   never runs under the token, and code reached from user code finds the borrow taken).

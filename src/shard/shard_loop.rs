@@ -58,6 +58,7 @@ use std::time::Instant;
 
 use super::core::{Expired, ShardCore, TURN_BUDGET};
 use super::custody::Custody;
+use super::direct::DirectPort;
 use super::fired::{Claim, FiredQueue};
 use super::{Cursors, ShardShared, Wake, AWAKE, FIRE_BATCH};
 use crate::clock::{Clock, Nanos, Tick, TurnSlot};
@@ -74,6 +75,23 @@ pub(crate) struct InCustody {
     /// Fired by a turn, not yet dispatched (inline and spawn), in deadline order, and
     /// the run in progress (`fired.rs`).
     fired: FiredQueue<ShardTask>,
+}
+
+impl InCustody {
+    /// `core`, with an empty fired queue (unit tests).
+    #[cfg(test)]
+    pub(super) fn new(core: ShardCore) -> Self {
+        InCustody {
+            core: Some(core),
+            fired: FiredQueue::new(),
+        }
+    }
+
+    /// The core, unless shutdown took it (for direct filing and unlinking,
+    /// `direct.rs`).
+    pub(super) fn core_mut(&mut self) -> Option<&mut ShardCore> {
+        self.core.as_mut()
+    }
 }
 
 /// Everything a thread needs to turn a shard and dispatch what it fires: the shard's
@@ -613,12 +631,20 @@ impl ShardThread {
         let now = clock.tick_of(shared.time.now());
         let core = ShardCore::new(shared.clone(), cursors, now, clock.ticks().tick_ns(), limit);
         let home: RunHome = std::sync::Arc::new(shared.clone());
+        let custody = Arc::new(Custody::new(InCustody {
+            core: Some(core),
+            fired: FiredQueue::new(),
+        }));
+        // SAFETY: this thread's link keeps the custody until its loop ends, after the
+        // core's `shut_down` (run on this thread: by the loop, or by a callback on it
+        // that took the core), and the shard is not shared with any sender yet.
+        #[allow(unsafe_code, reason = "the shard loop keeps the custody alive")]
+        unsafe {
+            shared.custody.set(&custody);
+        }
         ShardThread {
             link: ShardLink {
-                custody: Arc::new(Custody::new(InCustody {
-                    core: Some(core),
-                    fired: FiredQueue::new(),
-                })),
+                custody,
                 shared,
                 dispatch,
                 clock,
@@ -641,6 +667,11 @@ impl ShardThread {
     /// This shard, as the shard that watches it reaches it.
     pub(crate) fn link(&self) -> ShardLink {
         self.link.clone()
+    }
+
+    /// What a producer keeps to file onto this shard directly (`direct.rs`).
+    pub(crate) fn direct_port(&self) -> DirectPort {
+        DirectPort::new(self.link.custody.clone())
     }
 
     /// Turns rescue on: this thread watches `watched`, and `watcher` watches this
@@ -875,17 +906,26 @@ pub struct ModelShard {
 
 #[cfg(loom)]
 impl ModelShard {
-    /// `core`'s shard, its core in custody.
+    /// `core`'s shard, its core in custody, where its messages' senders find it
+    /// (direct unlinking, `direct.rs`): the model keeps the `ModelShard` (a clone)
+    /// until the core's `shut_down` has returned.
     pub fn new(core: ShardCore) -> Self {
         let clock = Clock::at(Instant::now(), 1);
         let shared = core.shared().clone();
         let home: RunHome = std::sync::Arc::new(shared.clone());
+        let custody = Arc::new(Custody::new(InCustody {
+            core: Some(core),
+            fired: FiredQueue::new(),
+        }));
+        // SAFETY: the models keep a `ModelShard` until the core has shut down (above);
+        // the shard is not shared with a sender yet.
+        #[allow(unsafe_code, reason = "the model keeps the custody alive")]
+        unsafe {
+            shared.custody.set(&custody);
+        }
         ModelShard {
             link: ShardLink {
-                custody: Arc::new(Custody::new(InCustody {
-                    core: Some(core),
-                    fired: FiredQueue::new(),
-                })),
+                custody,
                 shared,
                 dispatch: Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0))),
                 clock,
@@ -897,6 +937,50 @@ impl ModelShard {
     /// The shard's shared half.
     pub fn shared(&self) -> &Arc<ShardShared> {
         &self.link.shared
+    }
+
+    /// Schedules a new timer as `ShardedTimer::schedule` does (`CoreHome::enqueue`):
+    /// directly if the token is free, else through the insert ring.
+    ///
+    /// # Errors
+    ///
+    /// The entry comes back if the shard has shut down.
+    pub fn schedule(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
+        DirectPort::new(self.link.custody.clone()).schedule(&self.link.shared, entry, deadline)
+    }
+
+    /// One turn at tick `now` holding the token, as the shard loop takes it (its
+    /// `ShardLink::turn`, inline: what fired goes on the fired queue); then pops and
+    /// runs what fired, one per hold. Returns how many ran.
+    pub fn turn_and_run(&self, now: u64) -> usize {
+        let reading = Reading {
+            tick: Tick::new(now),
+            ns: Nanos::default(),
+        };
+        self.link
+            .custody
+            .with(|held| self.link.turn(held, || reading, &|_| {}));
+        let mut ran = 0;
+        while let Some(task) = self.link.custody.with(|held| held.fired.pop_at_shutdown()) {
+            ran += 1;
+            crate::executor::Task::run(task);
+        }
+        ran
+    }
+
+    /// A rescuer's turn at tick `now`, as `Watch::check` takes it: only if the token
+    /// is free (`None` if not); what fired waits on the fired queue for the owner's
+    /// `turn_and_run`. Returns whether everything due was expired.
+    pub fn try_turn(&self, now: u64) -> Option<bool> {
+        let reading = Reading {
+            tick: Tick::new(now),
+            ns: Nanos::default(),
+        };
+        self.link
+            .custody
+            .try_with(|held| self.link.turn(held, || reading, &|_| {}))
+            .flatten()
+            .map(|(finished, _)| finished)
     }
 
     /// Runs `f` on the core, holding the token (as the shard's owner does).
@@ -938,6 +1022,33 @@ impl ModelShard {
         OWN.with(|own| own.borrow_mut().take());
         PEERS.with(|own_peers| own_peers.borrow_mut().clear());
         rounds
+    }
+
+    /// The shard thread's park, as its loop takes it: `plan_park` holding the token,
+    /// then `park` without it (system clock, ticks of an hour, as `park_for_model`):
+    /// a timed park is a plain park under loom, so the model says by `bound` which
+    /// sleeps it counts as correct: a plan that sleeps until the core's next expiry,
+    /// at or before tick `bound`, is not slept (the shard publishes it is awake
+    /// again) and the call returns `true`; any other sleep is slept, until an unpark,
+    /// and the call returns `false`.
+    pub fn park_unless_due_by(&self, bound: Tick) -> bool {
+        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
+        let plan = self.link.custody.with(|held| {
+            held.core
+                .as_ref()
+                .map(|core| plan_park(core, clock, None, 0, None, None))
+        });
+        match plan {
+            Some(Park::Until(_, due) | Park::Indefinitely(due)) if due <= bound => {
+                self.link.shared.wake_up();
+                true
+            }
+            Some(plan) => {
+                park(plan, &self.link.shared, None, false);
+                false
+            }
+            None => false,
+        }
     }
 }
 
