@@ -819,7 +819,7 @@ fn waker_whose_drop_drops_its_task_and_sleep() {
             }
             // Only the waker stored in the sleep keeps the task (a cycle the wake
             // breaks).
-            drop(cx);
+            let _ = cx;
             drop(waker);
             drop(task);
             flags.push((dropped, woken));
@@ -1365,7 +1365,7 @@ fn repeating_cancel_true_means_no_run_starts_after_it() {
                 r.fetch_add(1, Ordering::SeqCst);
                 thread::sleep(Duration::from_micros(300));
             });
-            assert!(wait_until(WAIT, || runs.load(Ordering::SeqCst) >= 1 + (i as usize % 3)));
+            assert!(wait_until(WAIT, || runs.load(Ordering::SeqCst) > (i as usize % 3)));
             thread::sleep(Duration::from_micros(i * 97 % 1500));
             assert!(h.cancel());
             cancelled.store(true, Ordering::SeqCst);
@@ -2092,7 +2092,7 @@ fn entry_pool_memory_comes_back_when_switching_capture_sizes() {
     let timer = pool_timer(2);
     let fired = Arc::new(AtomicUsize::new(0));
     let mut expected = 0usize;
-    let mut phase = |big: bool, expected: &mut usize| {
+    let phase = |big: bool, expected: &mut usize| {
         for i in 0..50_000usize {
             let f = fired.clone();
             if big {
