@@ -61,7 +61,7 @@ mod store;
 mod winner;
 
 pub use message::{CancelPort, CancelSink, Message};
-pub use repeat::{CancelledRun, RunningEntry};
+pub use repeat::RunningEntry;
 #[cfg(loom)]
 pub use sleep::DISARMED;
 pub(crate) use sleep::WAITING;
