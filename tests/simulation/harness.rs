@@ -397,6 +397,30 @@ impl Sim {
                     })?;
                 }
             }
+            Op::AlignedBurst {
+                count,
+                level,
+                extra,
+            } => {
+                let slot = 1u128 << (6 * u32::from(*level));
+                let since = (self.model.now - self.model.start).as_nanos();
+                let boundary = (since / slot + 1) * slot;
+                let at = u64::try_from(boundary)
+                    .ok()
+                    .and_then(|ns| self.model.start.checked_add(Duration::from_nanos(ns)));
+                if let Some(at) = at.filter(|&at| at < self.model.far) {
+                    for i in 0..=u32::from(*count) {
+                        let requested = if i == u32::from(*count) {
+                            at + Duration::from_nanos(u64::from(*extra))
+                        } else {
+                            at
+                        };
+                        self.schedule(Kind::Once, requested, Plan::Record, |timer, f| {
+                            timer.schedule_at(requested, f)
+                        })?;
+                    }
+                }
+            }
             Op::Advance(by) => self.advance(*by)?,
             Op::Shutdown { run } => self.shutdown(*run)?,
         }

@@ -166,6 +166,13 @@ pub(crate) enum Op {
         spread: u8,
         extra: u8,
     },
+    /// `count` timers (more than a turn's budget) due exactly at the next boundary of
+    /// a slot of wheel level `level` (64^level ns from the clock's start: a manual
+    /// clock's service files by the nanosecond), and one `extra` ns after it: the
+    /// burst is due at the higher slot's very start, so it drains as a backlog out of
+    /// a slot that also cascades the straggler, which must still fire within the
+    /// advance that passes it.
+    AlignedBurst { count: u16, level: u8, extra: u8 },
     /// `ManualClock::advance`.
     Advance(Advance),
     /// `shutdown()`: the `Unfired` whose bit is set in `run` are run, the rest dropped.
@@ -314,6 +321,9 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
         1 => target().prop_map(|target| Op::DropTimeout { target }),
         1 => (1_025u16..1_400, 64u16..4_200, 0u8..4, 1u8..8).prop_map(
             |(count, base, spread, extra)| Op::Burst { count, base, spread, extra }
+        ),
+        1 => (1_025u16..1_800, 1u8..4, 1u8..64).prop_map(
+            |(count, level, extra)| Op::AlignedBurst { count, level, extra }
         ),
         1 => any::<u64>().prop_map(|run| Op::Shutdown { run }),
     ]
