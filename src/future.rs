@@ -12,7 +12,7 @@ use crate::sync::Arc;
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use crate::home::CoreHome;
@@ -144,15 +144,22 @@ impl Armed {
     /// dropped here, on the caller's thread, last: the entry's last reference may go
     /// on a shard thread, which must never drop user code (`entry/sleep.rs`).
     fn disarm(&self) {
-        if let Armed::Timer(handle) = self {
-            if let Some(shared) = handle.sleep_shared() {
-                let (disarmed, waker) = shared.give_up();
-                if disarmed {
-                    let _ = handle.cancel();
-                }
-                drop(waker);
-            }
+        drop(self.give_up());
+    }
+
+    /// As [`disarm`](Self::disarm), but the stored waker, if any, comes back to the
+    /// caller instead of being dropped: a re-armed sleep whose task waits on it must
+    /// wake that task, or nothing would (its old timer will not fire).
+    fn give_up(&self) -> Option<Waker> {
+        let Armed::Timer(handle) = self else {
+            return None;
+        };
+        let shared = handle.sleep_shared()?;
+        let (disarmed, waker) = shared.give_up();
+        if disarmed {
+            let _ = handle.cancel();
         }
+        waker
     }
 }
 
@@ -266,9 +273,16 @@ impl Sleep {
         if moved {
             return;
         }
-        armed.disarm();
+        let waiting = armed.give_up();
         // A deadline at or before now: no timer; the next poll completes the sleep.
         this.armed = Armed::unless_past(&this.home, deadline, false);
+        // A task that polled the old timer waits on it, which will never fire now:
+        // wake it, so its next poll completes the sleep (a past deadline, as tokio's
+        // reset to the past) or registers with the new timer. On the resetting
+        // thread, after the service's bookkeeping (ground rules: user code last).
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
     }
 }
 

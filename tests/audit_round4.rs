@@ -1262,7 +1262,6 @@ fn sleeps_and_timeouts_racing_shutdown() {
 /// stored waker. The doc of `Sleep::reset` does say "Poll the sleep again afterwards"
 /// and "(one at or before the service's now: at the next poll, with no timer)".
 #[test]
-#[ignore = "FAILS: Sleep::reset to a past deadline after a poll never wakes the registered task (in-place reset to a future deadline does)"]
 fn sleep_reset_to_a_past_deadline_after_poll_wakes_the_registered_task() {
     let _serial = serial();
     let timer = pool_timer(2);
