@@ -134,8 +134,10 @@ impl Builder {
     /// stuck shard is noticed between 1 and 2 × `rescue_after` after it stopped),
     /// the watcher takes the shard's wheel for a turn (an atomic ownership token,
     /// never waiting for it) and fires what is due: inline callbacks then run on the
-    /// watcher's thread, still one at a time in deadline order per shard, and a pool
-    /// gets them as usual. Every timer still fires once and never early; the stuck
+    /// watcher's thread, one at a time in deadline order among themselves, beside
+    /// the stuck callback (which is what rescue is for: a callback that has run longer
+    /// than `rescue_after` no longer holds its shard's others back), and a pool gets
+    /// them as usual. Every timer still fires once and never early; the stuck
     /// thread carries on when it returns. So with inline callbacks, one callback that
     /// blocks for 200 ms makes its shard's other timers late by about `rescue_after`,
     /// not 200 ms. A callback that blocks still holds its own thread, and a timer

@@ -93,8 +93,10 @@ impl Callbacks {
     /// Callbacks run on the shard thread that fired them, in deadline order (Netty's
     /// model): no hand-off, no pool threads. A slow callback delays that shard's later
     /// timers, for at most [`Builder::rescue_after`](crate::Builder::rescue_after) while
-    /// rescue is on: then the shard that watches it runs them on its own thread, still
-    /// one at a time in deadline order. Panics are caught and counted in
+    /// rescue is on: then the shard that watches it runs them on its own thread, one
+    /// at a time in deadline order among themselves, beside the slow one. So a shard's
+    /// callbacks never overlap, except beside one that has itself run longer than
+    /// `rescue_after`. Panics are caught and counted in
     /// [`Stats::panicked`](crate::Stats::panicked). `schedule`, `cancel`, `reset` and
     /// `shutdown` work from inside; `shutdown` there returns every pending timer, the
     /// calling shard's included, as [`Unfired`](crate::Unfired).
