@@ -96,7 +96,11 @@ impl Armed {
             return Armed::Elapsed;
         }
         match home.schedule_sleep(deadline, holds_room) {
-            Ok(handle) => Armed::Timer(handle),
+            Ok(handle) => {
+                // A paused thread's mirror looks for the earliest timer again.
+                crate::time::note_armed(deadline);
+                Armed::Timer(handle)
+            }
             Err(error) => Armed::Refused(error),
         }
     }
@@ -215,10 +219,12 @@ impl Sleep {
     }
 
     /// The deadline asked for (not rounded to the tick): the last
-    /// [`reset`](Self::reset)'s, if any. A deadline beyond the service clock's far
-    /// future (about 292 years after its start; `Duration::MAX` from now) saturates
-    /// there, where a [`ManualClock`](crate::ManualClock) advanced by `Duration::MAX`
-    /// reaches it.
+    /// [`reset`](Self::reset)'s, if any. A `std::time::Instant` (tokio's returns its
+    /// own `Instant`): a [`time::Instant`](crate::time::Instant) compares with it as
+    /// it stands, and it converts into one with `.into()`. A deadline beyond the
+    /// service clock's far future (about 292 years after its start; `Duration::MAX`
+    /// from now) saturates there, where a [`ManualClock`](crate::ManualClock)
+    /// advanced by `Duration::MAX` reaches it.
     pub fn deadline(&self) -> Instant {
         self.deadline
     }
@@ -233,9 +239,10 @@ impl Sleep {
             .is_some_and(|armed| armed.outcome() == ELAPSED)
     }
 
-    /// Moves the deadline to `deadline` and re-arms the sleep, whether or not it has
-    /// completed: it completes again at or after the new deadline (one at or before
-    /// the service's now: at the next poll, with no timer). A pending timer is moved in
+    /// Moves the deadline to `deadline` (a `std::time::Instant` or a
+    /// [`time::Instant`](crate::time::Instant)) and re-arms the sleep, whether or not
+    /// it has completed: it completes again at or after the new deadline (one at or
+    /// before the service's now: at the next poll, with no timer). A pending timer is moved in
     /// place, in O(1), through its handle's [`reset_at`](TimerHandle::reset_at),
     /// earlier or later; a completed one is replaced by a new timer. Poll the sleep
     /// again afterwards (as after tokio's `Sleep::reset`): the task is woken only by
@@ -260,7 +267,8 @@ impl Sleep {
     /// # Panics
     ///
     /// Never.
-    pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
+    pub fn reset(self: Pin<&mut Self>, deadline: impl Into<Instant>) {
+        let deadline = deadline.into();
         let this = self.get_mut();
         let deadline = saturated(&this.home, deadline);
         this.deadline = deadline;
@@ -356,6 +364,13 @@ impl fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
+impl From<Elapsed> for std::io::Error {
+    /// An error of kind [`TimedOut`](std::io::ErrorKind::TimedOut) (as tokio's).
+    fn from(elapsed: Elapsed) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed)
+    }
+}
+
 pin_project_lite::pin_project! {
     /// A future that runs `F` with a deadline; made by [`ShardedTimer::timeout`].
     ///
@@ -394,6 +409,11 @@ impl<F> Timeout<F> {
     /// The future under the deadline.
     pub fn get_ref(&self) -> &F {
         &self.future
+    }
+
+    /// The future under the deadline, mutably.
+    pub fn get_mut(&mut self) -> &mut F {
+        &mut self.future
     }
 
     /// Gives up the deadline (cancelling its timer) and returns the future.
@@ -439,14 +459,15 @@ impl ShardedTimer {
         Sleep::new(self, self.deadline_after(d), false)
     }
 
-    /// A future that completes at or after `deadline`. A deadline at or before the
+    /// A future that completes at or after `deadline` (a `std::time::Instant` or a
+    /// [`time::Instant`](crate::time::Instant)). A deadline at or before the
     /// service's now completes at the first poll, with no timer.
     ///
     /// # Panics
     ///
     /// Never.
-    pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(self, deadline, false)
+    pub fn sleep_until(&self, deadline: impl Into<Instant>) -> Sleep {
+        Sleep::new(self, deadline.into(), false)
     }
 
     /// As [`sleep`](Self::sleep), but a refused timer is an error instead of a sleep
@@ -465,8 +486,8 @@ impl ShardedTimer {
     /// # Errors
     ///
     /// As [`try_sleep`](Self::try_sleep).
-    pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
-        let sleep = Sleep::new(self, deadline, true);
+    pub fn try_sleep_until(&self, deadline: impl Into<Instant>) -> Result<Sleep, ScheduleError> {
+        let sleep = Sleep::new(self, deadline.into(), true);
         match sleep.armed {
             Some(Armed::Refused(error)) => Err(error),
             _ => Ok(sleep),
@@ -494,8 +515,12 @@ impl ShardedTimer {
     /// # Panics
     ///
     /// Never.
-    pub fn timeout_at<F: IntoFuture>(&self, deadline: Instant, f: F) -> Timeout<F::IntoFuture> {
-        Timeout::new(f.into_future(), Sleep::unarmed(self, deadline))
+    pub fn timeout_at<F: IntoFuture>(
+        &self,
+        deadline: impl Into<Instant>,
+        f: F,
+    ) -> Timeout<F::IntoFuture> {
+        Timeout::new(f.into_future(), Sleep::unarmed(self, deadline.into()))
     }
 
     /// As [`timeout`](Self::timeout), but a refused timer is an error up front.

@@ -18,8 +18,9 @@ use crate::{ShardedTimer, Sleep};
 
 /// What an [`Interval`] does when a tick completes late — the task did not poll it
 /// for a while, or the clock jumped (a [`ManualClock`](crate::ManualClock) advanced
-/// several periods at once). Default: [`Skip`](MissedTickBehavior::Skip), as
-/// [`ShardedTimer::schedule_repeating`] does.
+/// several periods at once). Default: [`Burst`](MissedTickBehavior::Burst), as
+/// tokio's (a repeating callback, [`ShardedTimer::schedule_repeating`], skips
+/// instead).
 ///
 /// Every behaviour yields the `Instant` each tick was *due*, not when it completed. The
 /// timelines below are for `interval(10ms)` made at 0, polled again only at 35 ms
@@ -33,7 +34,9 @@ use crate::{ShardedTimer, Sleep};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MissedTickBehavior {
     /// Yield every missed tick, back to back, until caught up; then keep the grid.
-    /// For counting or rate-limiting where each period must be accounted for.
+    /// For counting or rate-limiting where each period must be accounted for. The
+    /// default (tokio's).
+    #[default]
     Burst,
     /// Yield the earliest missed tick once, then restart the grid from the time it was
     /// yielded: the next tick is one period after that. Keeps at least a period between
@@ -44,7 +47,6 @@ pub enum MissedTickBehavior {
     /// Yield the earliest missed tick once, then go on with the first grid point after
     /// now: the grid is kept, the missed points are dropped. For heartbeats and polls,
     /// where catching up is pointless.
-    #[default]
     Skip,
 }
 
@@ -90,7 +92,7 @@ fn add_saturating(at: Instant, by: Duration) -> Instant {
 /// against the service's clock) and yields the `Instant` the tick was due. A period
 /// shorter than the service's tick (including zero) is raised to the tick. Missed
 /// ticks are handled as [`set_missed_tick_behavior`](Self::set_missed_tick_behavior)
-/// says (default [`MissedTickBehavior::Skip`]).
+/// says (default [`MissedTickBehavior::Burst`], as tokio's).
 ///
 /// If the service shuts down, ticks complete at once from then on, as a [`Sleep`]
 /// does (they do not hang a task); [`is_shut_down`](Self::is_shut_down) says so.
@@ -139,7 +141,10 @@ impl Interval {
     }
 
     /// Completes at or after the next grid point and yields the `Instant` it was due.
-    /// Cancel-safe: dropping the future before it completes loses no tick.
+    /// Cancel-safe: dropping the future before it completes loses no tick. A
+    /// `std::time::Instant` (tokio's yields its own `Instant`): a
+    /// [`time::Instant`](crate::time::Instant) compares with it as it stands, and it
+    /// converts into one with `.into()`.
     pub fn tick(&mut self) -> impl Future<Output = Instant> + '_ {
         poll_fn(move |cx| self.poll_tick(cx))
     }
@@ -200,8 +205,8 @@ impl Interval {
 
     /// Moves the next tick to `deadline` (at once if it has passed), keeping the
     /// period.
-    pub fn reset_at(&mut self, deadline: Instant) {
-        self.next = deadline;
+    pub fn reset_at(&mut self, deadline: impl Into<Instant>) {
+        self.next = deadline.into();
     }
 
     /// Whether the service refused the last tick's timer (it shut down): ticks then
@@ -248,7 +253,7 @@ impl ShardedTimer {
     /// # Panics
     ///
     /// Never.
-    pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
-        Interval::new(self, start, period)
+    pub fn interval_at(&self, start: impl Into<Instant>, period: Duration) -> Interval {
+        Interval::new(self, start.into(), period)
     }
 }

@@ -268,5 +268,13 @@ pub use handle::{TimerHandle, Unfired};
 pub use id::{TimerId, TimerState};
 pub use stats::{LatenessHistogram, ShardLoad, Stats};
 #[cfg(not(loom))]
-pub use time::global;
+pub use time::{global, EnterGuard};
+
+/// `#[sharded_timer::test]` and `#[sharded_timer::main]` (feature `tokio`):
+/// `#[tokio::test]` and `#[tokio::main]`, with the same arguments, whose
+/// `start_paused = true` pauses this crate's time ([`time::pause`]) as well as
+/// tokio's.
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub use sharded_timer_macros::{main, test};
 pub use timer::{Builder, ShardedTimer};

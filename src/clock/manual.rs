@@ -128,6 +128,33 @@ impl ManualClock {
     pub fn advance(&self, by: Duration) {
         self.time.advance(by);
     }
+
+    /// The deadline of the earliest timer pending on the services this clock drives,
+    /// or `None` if none has one: what an auto-advancing test moves the clock to next
+    /// (`sharded_timer::time::pause`).
+    ///
+    /// It first runs what is due at the current `now()`, as `advance(Duration::ZERO)`
+    /// does, to a fixed point, so that every timer scheduled before the call has been
+    /// taken in by its shard and is counted. The instant returned is never later than
+    /// that timer's deadline; it may be earlier (then moving the clock there fires
+    /// nothing and a later call answers again, closer): a wheel reports the start of
+    /// a higher level's slot until its timers cascade. Called from a callback of a
+    /// service this clock drives, it cannot wait for the shards: it answers from the
+    /// shards' last turns.
+    ///
+    /// # Panics
+    ///
+    /// Never.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.time.advance(Duration::ZERO);
+        let progress = self.time.lock();
+        let due = progress.shards.iter().filter_map(|shard| shard.due).min()?;
+        let now = progress.now;
+        drop(progress);
+        // Overdue work (a wheel left mid-burst) is due now.
+        let due = Nanos::new(due).max(now);
+        Some(self.time.instant_at(due))
+    }
 }
 
 impl Default for ManualClock {
@@ -180,6 +207,10 @@ struct TurnRecord {
     key: u64,
     /// The last round whose turn this shard has finished.
     done: u64,
+    /// The earliest tick with work in the shard's wheel when that turn ended (ticks
+    /// of a manual-clock service are nanoseconds from the clock's start); `None`:
+    /// an empty wheel.
+    due: Option<u64>,
     /// The shard thread, once its loop has started.
     thread: Option<thread::Thread>,
 }
@@ -297,6 +328,7 @@ impl ManualTime {
         progress.shards.push(TurnRecord {
             key,
             done: 0,
+            due: None,
             thread: None,
         });
         TurnSlot {
@@ -369,12 +401,15 @@ impl TurnSlot {
     }
 
     /// Ends a turn whose fired timers have all been dispatched (pool batches counted
-    /// in flight): reports its round done, and whether it fired anything.
-    pub(crate) fn end_turn(&self, turn: Turn, fired: bool) {
+    /// in flight): reports its round done, whether it fired anything, and the
+    /// earliest tick with work left in its wheel (`due`, for
+    /// [`ManualClock::next_deadline`]).
+    pub(crate) fn end_turn(&self, turn: Turn, fired: bool, due: Option<u64>) {
         let mut progress = self.time.lock();
         progress.activity += u64::from(fired);
         if let Some(record) = progress.shards.iter_mut().find(|r| r.key == self.key) {
             record.done = record.done.max(turn.round);
+            record.due = due;
         }
         drop(progress);
         self.time.settled.notify_all();

@@ -804,7 +804,9 @@ impl ShardThread {
                 }
             }
             if let (Some(turns), Some(turn)) = (&turns, turn) {
-                turns.end_turn(turn, fired_any);
+                let due = with_own(|_, held| held.core.as_ref().and_then(ShardCore::next_expiry))
+                    .flatten();
+                turns.end_turn(turn, fired_any, due.map(Tick::get));
                 answered = turn.round;
             }
             if shared.is_stopping() {
