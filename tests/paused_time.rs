@@ -199,19 +199,7 @@ fn pause_without_a_runtime_moves_only_with_advance() {
 }
 
 #[test]
-fn another_thread_keeps_the_system_clock() {
-    time::pause();
-    let here = Instant::now();
-    let there = std::thread::spawn(|| (Instant::now(), std::time::Instant::now()))
-        .join()
-        .unwrap();
-    // The other thread reads the system clock: not this thread's paused one.
-    assert!(there.0 >= there.1 - Duration::from_millis(100));
-    let _ = here;
-}
-
-#[test]
-fn an_entered_service_is_current_until_its_guard_drops() {
+fn another_thread_and_a_dropped_guard_fall_back_to_the_system_clock() {
     let clock = sharded_timer::ManualClock::new();
     let timer = sharded_timer::ShardedTimer::builder()
         .clock(clock.clone())
@@ -219,17 +207,28 @@ fn an_entered_service_is_current_until_its_guard_drops() {
         .pin_cores(false)
         .build()
         .unwrap();
-    {
-        let _guard = timer.enter();
-        let start = Instant::now();
-        assert_eq!(start, clock.now());
-        clock.advance(Duration::from_secs(30));
-        assert_eq!(Instant::now() - start, Duration::from_secs(30));
-    }
-    // Back to the process-wide service: the system clock.
-    let system = std::time::Instant::now();
-    assert!(Instant::now() >= system);
-    assert!(Instant::now() < clock.now());
+    let guard = timer.enter();
+    assert_eq!(Instant::now(), clock.now());
+    clock.advance(HOUR);
+    // Another thread never sees this thread's current service.
+    let there = std::thread::spawn(|| {
+        let before = std::time::Instant::now();
+        (before, Instant::now(), std::time::Instant::now())
+    })
+    .join()
+    .unwrap();
+    assert!(there.0 <= there.1 && there.1 <= there.2, "the system clock");
+    drop(guard);
+    let before = std::time::Instant::now();
+    let now = Instant::now();
+    assert!(
+        before <= now && now <= std::time::Instant::now(),
+        "the system clock again"
+    );
+    assert!(
+        now < clock.now(),
+        "not the entered manual clock, an hour ahead"
+    );
 }
 
 #[test]

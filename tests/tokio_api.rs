@@ -1,6 +1,7 @@
 //! tokio's time API as a drop-in: `ShardedTimer::now` under a `ManualClock`,
-//! `timeout_at`, each `Interval` reset, the `Stream` (feature `stream`), and the
-//! process-wide service with its free functions (`sharded_timer::time`).
+//! `timeout_at`, each `Interval` reset, the `Stream` (feature `stream`), the
+//! process-wide service with its free functions (`sharded_timer::time`), tokio's type
+//! paths and `time::Instant`, and the current service (`ShardedTimer::enter`).
 
 use std::future::{pending, Future};
 use std::pin::{pin, Pin};
@@ -170,4 +171,107 @@ fn the_process_wide_service_is_configured_once_and_serves_the_free_functions() {
         assert!(second >= first + MS);
     });
     assert_eq!(sharded_timer::global().stats().shards.len(), 1);
+}
+
+/// tokio-style code, written against `tokio::time`'s paths with only the import
+/// changed, compiles and behaves: the types, `time::Instant` with its arithmetic and
+/// its comparisons with `std::time::Instant` both ways, `Timeout`'s accessors,
+/// `Elapsed` into `std::io::Error`, and instants of either kind where one is taken.
+#[test]
+fn tokio_style_code_compiles_against_the_namespace_with_an_import_change() {
+    use sharded_timer::time::{
+        self, error::Elapsed, Duration, Instant, Interval, MissedTickBehavior, Sleep, Timeout,
+    };
+    struct Conn {
+        idle: Pin<Box<Sleep>>,
+        call: Option<Timeout<std::future::Ready<u8>>>,
+        heartbeat: Interval,
+        opened: Instant,
+    }
+    fn timed_out(elapsed: Elapsed) -> std::io::Error {
+        elapsed.into()
+    }
+    let clock = ManualClock::new();
+    let timer = service(&clock);
+    let _current = timer.enter();
+    let opened = Instant::now();
+    assert_eq!(
+        opened,
+        clock.now(),
+        "now() reads the current service's clock"
+    );
+    let mut conn = Conn {
+        idle: Box::pin(time::sleep_until(opened + Duration::from_secs(30))),
+        call: Some(time::timeout(MS, std::future::ready(7))),
+        heartbeat: time::interval_at(opened, Duration::from_secs(10)),
+        opened,
+    };
+    assert_eq!(conn.idle.deadline(), opened + Duration::from_secs(30));
+    assert!(opened + Duration::from_secs(30) == conn.idle.deadline());
+    conn.idle.as_mut().reset(opened + Duration::from_secs(60));
+    conn.idle
+        .as_mut()
+        .reset(clock.now() + Duration::from_secs(60));
+    assert_eq!(
+        conn.heartbeat.missed_tick_behavior(),
+        MissedTickBehavior::Burst,
+        "tokio's default"
+    );
+    let mut call = conn.call.take().unwrap();
+    assert_eq!(call.get_ref().clone().into_inner(), 7);
+    assert_eq!(call.get_mut().clone().into_inner(), 7);
+    assert_eq!(call.into_inner().into_inner(), 7);
+    let mut later = conn.opened;
+    later += Duration::from_secs(5);
+    later -= Duration::from_secs(2);
+    assert_eq!(later - conn.opened, Duration::from_secs(3));
+    assert_eq!(
+        conn.opened - later,
+        Duration::ZERO,
+        "saturating, as tokio's"
+    );
+    assert_eq!(later.duration_since(conn.opened), Duration::from_secs(3));
+    assert_eq!(conn.opened.checked_duration_since(later), None);
+    assert_eq!(later.checked_sub(Duration::from_secs(3)), Some(conn.opened));
+    assert!(later > conn.opened && later > clock.now());
+    assert!(clock.now() < later, "std on the left compares too");
+    assert_eq!(later.into_std() - clock.now(), Duration::from_secs(3));
+    assert_eq!(Instant::from_std(later.into_std()), later);
+    clock.advance(Duration::from_secs(4));
+    assert_eq!(conn.opened.elapsed(), Duration::from_secs(4));
+    let mut ticks = pin!(conn.heartbeat.tick());
+    assert_eq!(poll_once(ticks.as_mut()), Poll::Ready(opened.into_std()));
+    let mut late = pin!(time::timeout(MS, pending::<()>()));
+    assert!(poll_once(late.as_mut()).is_pending());
+    clock.advance(MS);
+    let Poll::Ready(Err(elapsed)) = poll_once(late.as_mut()) else {
+        panic!("the timeout elapsed");
+    };
+    let io = timed_out(elapsed);
+    assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+}
+
+#[test]
+fn an_entered_service_is_current_until_its_guard_drops_and_guards_nest() {
+    use sharded_timer::time::Instant;
+    let outer_clock = ManualClock::new();
+    let outer = service(&outer_clock);
+    let inner_clock = ManualClock::new();
+    let inner = service(&inner_clock);
+    inner_clock.advance(Duration::from_secs(3600));
+    {
+        let _outer = outer.enter();
+        assert_eq!(Instant::now(), outer_clock.now());
+        {
+            let _inner = inner.enter();
+            assert_eq!(Instant::now(), inner_clock.now());
+            let sleep = sharded_timer::time::sleep(Duration::from_secs(1));
+            assert_eq!(sleep.deadline(), inner_clock.now() + Duration::from_secs(1));
+        }
+        assert_eq!(Instant::now(), outer_clock.now(), "the outer one again");
+        outer_clock.advance(Duration::from_secs(30));
+        assert_eq!(Instant::now(), outer_clock.now());
+    }
+    // Dropping the outer guard makes the process-wide service current again, which
+    // this binary's other test configures: tests/paused_time.rs checks it.
 }
