@@ -103,6 +103,22 @@ struct Shared<T> {
     /// Panicked tasks, one counter per worker (written only by that worker, Relaxed;
     /// exact at quiescence).
     panicked: Box<[CachePadded<AtomicU64>]>,
+    /// Set once a worker of a pool started on demand ([`Executor::on_demand`]) has
+    /// started: written Release under `on_demand`'s lock, read Acquire by `submit`'s
+    /// fast path. Set from the outset for a pool started at once.
+    started: AtomicBool,
+    /// A pool started on demand: the workers' deques until the first batch starts
+    /// them, then their join handles until shutdown takes them.
+    on_demand: Mutex<OnDemand<T>>,
+}
+
+/// The workers of a pool started on demand.
+struct OnDemand<T> {
+    /// Their deques and the threads' name prefix, until the first batch (`None` once
+    /// started, or once the pool stopped first: it then never starts).
+    unstarted: Option<(Vec<Worker<Vec<T>>>, String)>,
+    /// Their threads, once started, for shutdown to join.
+    handles: Vec<thread::JoinHandle<()>>,
 }
 
 #[cfg(not(loom))]
@@ -176,6 +192,41 @@ impl<T: Task> Executor<T> {
     /// The name of the thread that failed to spawn and the OS error; workers started
     /// before it are stopped and joined first.
     pub fn start(threads: usize, name: &str) -> Result<Started<T>, SpawnFailure> {
+        let (executor, workers) = Executor::unstarted(threads, true);
+        let mut handles = Vec::with_capacity(threads);
+        for (index, local) in workers.into_iter().enumerate() {
+            match executor.spawn_worker(name, index, local) {
+                Ok(handle) => handles.push(handle),
+                Err(failure) => {
+                    executor.stop();
+                    for handle in handles {
+                        let _ = handle.join();
+                    }
+                    return Err(failure);
+                }
+            }
+        }
+        Ok((executor, handles))
+    }
+
+    /// A pool of `threads` workers named `{name}-w{k}` that start with the first
+    /// batch submitted: a service that never hands a callback over starts no worker.
+    /// [`take_started`](Self::take_started) gives their threads to join. A worker
+    /// that cannot start is left out (the others share its work); if none can, the
+    /// next submit tries again.
+    pub fn on_demand(threads: usize, name: &str) -> Executor<T> {
+        let (executor, workers) = Executor::unstarted(threads, false);
+        executor
+            .shared
+            .on_demand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unstarted = Some((workers, name.to_owned()));
+        executor
+    }
+
+    /// A pool of `threads` workers' deques, none started; `started` as the field says.
+    fn unstarted(threads: usize, started: bool) -> (Executor<T>, Vec<Worker<Vec<T>>>) {
         let workers: Vec<Worker<Vec<T>>> = (0..threads).map(|_| Worker::new_fifo()).collect();
         let shared = Arc::new(Shared {
             injector: Injector::new(),
@@ -187,27 +238,94 @@ impl<T: Task> Executor<T> {
             panicked: (0..threads)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
+            started: AtomicBool::new(started),
+            on_demand: Mutex::new(OnDemand {
+                unstarted: None,
+                handles: Vec::new(),
+            }),
         });
-        let executor = Executor { shared };
-        let mut handles = Vec::with_capacity(threads);
+        (Executor { shared }, workers)
+    }
+
+    /// Spawns worker `index` on its deque `local`.
+    fn spawn_worker(
+        &self,
+        name: &str,
+        index: usize,
+        local: Worker<Vec<T>>,
+    ) -> Result<thread::JoinHandle<()>, SpawnFailure> {
+        let shared = self.shared.clone();
+        let thread_name = thread_name(name, 'w', index);
+        thread::Builder::new()
+            .name(thread_name.clone())
+            .spawn(move || worker_loop(&shared, index, &local))
+            .map_err(|error| (thread_name, error))
+    }
+
+    /// Starts the workers of a pool started on demand, once. If none can start, the
+    /// deques are put back for the next submit to try again (what is queued waits,
+    /// and a shutdown runs it: [`run_if_never_started`](Self::run_if_never_started));
+    /// a worker that cannot start while others did is left out (its deque stays
+    /// empty: only its own thread pushes onto it).
+    fn start_on_demand(&self) {
+        let mut on_demand = self
+            .shared
+            .on_demand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some((workers, name)) = on_demand.unstarted.take() else {
+            return; // started by another submitter, or stopped
+        };
         for (index, local) in workers.into_iter().enumerate() {
-            let shared = executor.shared.clone();
-            let thread_name = thread_name(name, 'w', index);
-            match thread::Builder::new()
-                .name(thread_name.clone())
-                .spawn(move || worker_loop(&shared, index, &local))
-            {
-                Ok(handle) => handles.push(handle),
-                Err(error) => {
-                    executor.stop();
-                    for handle in handles {
-                        let _ = handle.join();
-                    }
-                    return Err((thread_name, error));
-                }
+            if let Ok(handle) = self.spawn_worker(&name, index, local) {
+                on_demand.handles.push(handle);
             }
         }
-        Ok((executor, handles))
+        if on_demand.handles.is_empty() {
+            // None started: try again at the next submit with fresh deques (the
+            // failed spawns consumed theirs; they were empty).
+            let threads = self.shared.stealers.len();
+            on_demand.unstarted = Some(((0..threads).map(|_| Worker::new_fifo()).collect(), name));
+            return;
+        }
+        // ORDERING: Release pairs with `submit`'s Acquire load (only a fast path: the
+        // lock above decides who starts the workers).
+        self.shared.started.store(true, Ordering::Release);
+    }
+
+    /// For shutdown, after [`stop`](Self::stop): if this pool started on demand and no
+    /// worker ever started (none could), runs what was queued on the calling thread,
+    /// so that a callback handed over still runs before shutdown returns.
+    pub fn run_if_never_started(&self) {
+        let never = self
+            .shared
+            .on_demand
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .handles
+            .is_empty();
+        // ORDERING: Acquire pairs with the Release store in `start_on_demand`.
+        if never && !self.shared.started.load(Ordering::Acquire) {
+            self.run_queued_by_submitter();
+        }
+    }
+
+    /// Runs every queued batch on the calling thread (a pool with no worker).
+    fn run_queued_by_submitter(&self) {
+        let mut ran_panicked = 0;
+        loop {
+            let stolen = core::iter::repeat_with(|| self.shared.injector.steal())
+                .find(|steal| !steal.is_retry())
+                .and_then(Steal::success);
+            let Some(batch) = stolen else { break };
+            for task in batch {
+                ran_panicked += u64::from(run_caught(task));
+            }
+        }
+        if let Some(counter) = self.shared.panicked.first() {
+            // ORDERING: Relaxed: a statistic.
+            counter.fetch_add(ran_panicked, Ordering::Relaxed);
+        }
     }
 
     /// Whether more batches wait to be run than the workers can start at once, twice
@@ -226,6 +344,11 @@ impl<T: Task> Executor<T> {
             return;
         }
         self.shared.injector.push(batch);
+        // ORDERING: Acquire pairs with the Release store in `start_on_demand`; a
+        // stale `false` only takes the lock there, which decides.
+        if !self.shared.started.load(Ordering::Acquire) {
+            self.start_on_demand();
+        }
         // ORDERING: SeqCst fence between our push and our read of `sleepers`, paired
         // with the fence in `wait_for_work` between a worker's increment of `sleepers`
         // and its re-check of the queues: of the two fences, whichever is first in the
@@ -244,8 +367,17 @@ impl<T: Task> Executor<T> {
 }
 
 impl<T> Executor<T> {
-    /// Tells the workers to exit once the queues are empty, and wakes them all.
+    /// Tells the workers to exit once the queues are empty, and wakes them all. A
+    /// pool started on demand whose workers have not started never starts them.
     pub fn stop(&self) {
+        drop(
+            self.shared
+                .on_demand
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .unstarted
+                .take(),
+        );
         // ORDERING: SeqCst store, read under `sleep_lock` by workers before they wait;
         // the lock orders it against their re-check.
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -255,6 +387,20 @@ impl<T> Executor<T> {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         self.shared.wake.notify_all();
+    }
+
+    /// The threads of a pool started on demand that have started, for the caller
+    /// (shutdown, after [`stop`](Self::stop)) to join; empty for a pool started at
+    /// once, whose threads [`start`](Self::start) returned.
+    pub fn take_started(&self) -> Vec<thread::JoinHandle<()>> {
+        core::mem::take(
+            &mut self
+                .shared
+                .on_demand
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .handles,
+        )
     }
 
     /// Whether the calling thread is one of this pool's workers.

@@ -33,6 +33,10 @@
 //! For tests, [`Builder::clock`] with a [`ManualClock`] makes a service read time only
 //! from that clock: [`ManualClock::advance`] moves it and returns once everything it
 //! made due has fired, so code with 30-second timeouts is tested in microseconds.
+//! Code written against `tokio::time` switches with an import change
+//! ([`time`]: the same names, on the current service), and its paused tests keep
+//! passing: [`time::pause`] gives a thread a service on a `ManualClock` of its own,
+//! which auto-advances as tokio's (feature `tokio`, with `#[sharded_timer::test]`).
 //!
 //! # Guarantees
 //!

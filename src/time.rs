@@ -107,7 +107,10 @@ pub mod error {
 static GLOBAL: OnceLock<ShardedTimer> = OnceLock::new();
 
 /// The process-wide service: built with the defaults ([`ShardedTimer::new`]) on first
-/// use, unless [`Builder::build_global`] built it first; never shut down.
+/// use, unless [`Builder::build_global`] built it first; never shut down. It starts
+/// its shard threads then, and its callback pool's workers only when the first
+/// fired timer is handed to the pool (a process that never fires a timer, its
+/// sleeps and timeouts included, starts none).
 ///
 /// # Examples
 ///
@@ -126,7 +129,10 @@ static GLOBAL: OnceLock<ShardedTimer> = OnceLock::new();
 /// [`ShardedTimer::new`]); call [`Builder::build_global`] first to handle that as an
 /// error.
 pub fn global() -> &'static ShardedTimer {
-    GLOBAL.get_or_init(ShardedTimer::new)
+    GLOBAL.get_or_init(|| match Builder::default().pool_on_demand().build() {
+        Ok(timer) => timer,
+        Err(error) => panic!("sharded-timer could not start: {error}"),
+    })
 }
 
 impl Builder {
@@ -143,7 +149,7 @@ impl Builder {
         if GLOBAL.get().is_some() {
             return Err(BuildError::GlobalExists);
         }
-        match GLOBAL.set(self.build()?) {
+        match GLOBAL.set(self.pool_on_demand().build()?) {
             // Set by this call, so `get` finds it.
             Ok(()) => GLOBAL.get().ok_or(BuildError::GlobalExists),
             Err(lost) => {

@@ -59,6 +59,9 @@ pub struct Builder {
     /// How long a shard's due timers may wait for its own thread (`None`: for ever);
     /// unset: four ticks.
     rescue_after: Option<Option<Duration>>,
+    /// Start the pool's workers with the first batch handed to it, not at build
+    /// (the process-wide service's, `time.rs`).
+    pool_on_demand: bool,
 }
 
 impl Default for Builder {
@@ -73,6 +76,7 @@ impl Default for Builder {
             thread_name: "timer".to_owned(),
             clock: None,
             rescue_after: None,
+            pool_on_demand: false,
         }
     }
 }
@@ -83,6 +87,14 @@ fn available_cores() -> usize {
 }
 
 impl Builder {
+    /// This configuration with the callback pool's workers started by the first
+    /// batch handed to the pool instead of at build: for the process-wide service,
+    /// which costs no pool thread until a callback needs one.
+    pub(crate) fn pool_on_demand(mut self) -> Self {
+        self.pool_on_demand = true;
+        self
+    }
+
     /// Number of shards, each a thread with its own wheel and rings. Default: the
     /// number of available cores. `0` makes [`build`](Self::build) fail.
     pub fn shards(mut self, shards: usize) -> Self {
@@ -242,9 +254,15 @@ impl Builder {
             .map(|limit| Arc::new(PendingLimit::new(limit)));
         let handle_options = HandleOptions::of(limit.clone(), manual.clone());
         // Inline and spawn run no pool: an executor of no threads, never submitted to.
-        let (executor, worker_threads) =
+        let (executor, worker_threads) = if self.pool_on_demand {
+            (
+                Executor::<ShardTask>::on_demand(workers, &self.thread_name),
+                Vec::new(),
+            )
+        } else {
             Executor::<ShardTask>::start(workers, &self.thread_name)
-                .map_err(|(thread, source)| BuildError::Spawn { thread, source })?;
+                .map_err(|(thread, source)| BuildError::Spawn { thread, source })?
+        };
         let callback_panics = Arc::new(AtomicU64::new(0));
         let dispatch = Dispatch::new(mode, &executor, &callback_panics);
         let cores = if self.pin_cores && !cfg!(loom) {
@@ -400,7 +418,7 @@ impl Threads {
         }
         executor.stop();
         let me = thread::current().id();
-        for worker in self.workers {
+        for worker in self.workers.into_iter().chain(executor.take_started()) {
             if caller_is_worker && worker.thread().id() == me {
                 continue; // exits by itself once this callback returns
             }
@@ -408,6 +426,9 @@ impl Threads {
         }
         if caller_is_worker {
             executor.run_queued_here();
+        } else {
+            // A pool started on demand none of whose workers could start.
+            executor.run_if_never_started();
         }
         pending
     }

@@ -151,6 +151,28 @@ fn the_process_wide_service_is_configured_once_and_serves_the_free_functions() {
         ShardedTimer::builder().build_global(),
         Err(sharded_timer::BuildError::GlobalExists)
     ));
+    // Its shard runs; its callback pool has not started: nothing was handed to it.
+    let named = |name: &str| {
+        std::fs::read_dir("/proc/self/task").map_or(0, |tasks| {
+            tasks
+                .flatten()
+                .filter(|task| {
+                    std::fs::read_to_string(task.path().join("comm"))
+                        .is_ok_and(|comm| comm.trim_end() == name)
+                })
+                .count()
+        })
+    };
+    let has_proc = std::path::Path::new("/proc/self/task").exists();
+    if has_proc {
+        // A thread names itself once it runs: wait for the shard's.
+        let started = std::time::Instant::now();
+        while named("global-s0") == 0 && started.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(MS);
+        }
+        assert_eq!(named("global-s0"), 1, "the shard thread");
+        assert_eq!(named("global-w0"), 0, "no pool thread before a callback");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -171,6 +193,14 @@ fn the_process_wide_service_is_configured_once_and_serves_the_free_functions() {
         assert!(second >= first + MS);
     });
     assert_eq!(sharded_timer::global().stats().shards.len(), 1);
+    if has_proc {
+        // The sleeps' wake-ups went through the pool: it started with the first.
+        assert_eq!(
+            named("global-w0"),
+            1,
+            "the pool's one worker, started on demand"
+        );
+    }
 }
 
 /// tokio-style code, written against `tokio::time`'s paths with only the import
