@@ -305,3 +305,58 @@ fn an_entered_service_is_current_until_its_guard_drops_and_guards_nest() {
     // Dropping the outer guard makes the process-wide service current again, which
     // this binary's other test configures: tests/paused_time.rs checks it.
 }
+
+/// `ManualClock::next_deadline`: the earliest pending timer of the clock's services,
+/// timers still in a shard's ring included: never later than it (earlier while the
+/// timer waits in a higher level of a wheel), and moving the clock to each answer in
+/// turn reaches it exactly, firing nothing before it.
+#[test]
+fn next_deadline_is_never_after_the_earliest_timer_and_moving_to_it_reaches_it() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let clock = ManualClock::new();
+    let timer = service(&clock);
+    let other = service(&clock);
+    let start = clock.now();
+    assert_eq!(clock.next_deadline(), None, "nothing pending");
+    let fired = Arc::new(AtomicUsize::new(0));
+    let count = |fired: &Arc<AtomicUsize>| {
+        let fired = fired.clone();
+        move || {
+            fired.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    // Moves the clock to each answer until a timer fires; returns how many moves.
+    let reach = |expected: std::time::Instant, fired_before: usize| {
+        let mut moves = 0;
+        while fired.load(Ordering::SeqCst) == fired_before {
+            let next = clock.next_deadline().expect("a timer is pending");
+            assert!(next <= expected, "never later: {next:?} > {expected:?}");
+            clock.advance(next.saturating_duration_since(clock.now()));
+            moves += 1;
+            assert!(moves < 64, "a bounded cascade");
+        }
+        assert_eq!(clock.now(), expected, "exactly at the deadline");
+        moves
+    };
+    let hour = timer
+        .schedule(Duration::from_secs(3600), count(&fired))
+        .unwrap();
+    let _five = other
+        .schedule(Duration::from_secs(5), count(&fired))
+        .unwrap();
+    // A sleep's timer counts too: it comes first, and once dropped it is gone.
+    let sleep = pin!(timer.sleep(Duration::from_secs(2)));
+    assert!(clock.next_deadline().unwrap() <= start + Duration::from_secs(2));
+    drop(sleep);
+    reach(start + Duration::from_secs(5), 0);
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        1,
+        "the five seconds' timer alone"
+    );
+    reach(start + Duration::from_secs(3600), 1);
+    assert_eq!(fired.load(Ordering::SeqCst), 2);
+    assert!(!hour.cancel(), "it fired");
+    assert_eq!(clock.next_deadline(), None);
+}
