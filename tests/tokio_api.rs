@@ -346,7 +346,7 @@ fn next_deadline_is_never_after_the_earliest_timer_and_moving_to_it_reaches_it()
         .schedule(Duration::from_secs(5), count(&fired))
         .unwrap();
     // A sleep's timer counts too: it comes first, and once dropped it is gone.
-    let sleep = pin!(timer.sleep(Duration::from_secs(2)));
+    let sleep = timer.sleep(Duration::from_secs(2));
     assert!(clock.next_deadline().unwrap() <= start + Duration::from_secs(2));
     drop(sleep);
     reach(start + Duration::from_secs(5), 0);
