@@ -629,6 +629,12 @@ pub(crate) fn note_armed(deadline: std::time::Instant) {
 /// that is not current-thread (as tokio's) or has no timers (`enable_time`; feature
 /// `tokio`); if the paused service's thread cannot start.
 pub fn pause() {
+    pause_with(false);
+}
+
+/// [`pause`]; `tokio_paused`: tokio's clock is paused already (`start_paused`'s
+/// expansion builds the runtime paused).
+fn pause_with(tokio_paused: bool) {
     let resumed = PAUSED.with(|paused| {
         let paused = paused.borrow();
         let paused = paused.as_ref()?;
@@ -672,7 +678,9 @@ pub fn pause() {
         clock,
     });
     #[cfg(feature = "tokio")]
-    follow_tokio(&shared);
+    follow_tokio(&shared, tokio_paused);
+    #[cfg(not(feature = "tokio"))]
+    let _ = tokio_paused;
     let previous = PAUSED.with(|paused| paused.replace(Some(Paused { timer, shared })));
     drop(previous);
 }
@@ -681,16 +689,21 @@ pub fn pause() {
 /// paused already: `start_paused`, or tokio's own `pause`), makes ours follow it, and
 /// spawns the mirror. Elsewhere, ours stays frozen (it moves with `advance` only).
 #[cfg(feature = "tokio")]
-fn follow_tokio(shared: &Arc<PauseShared>) {
+fn follow_tokio(shared: &Arc<PauseShared>, tokio_paused: bool) {
     use std::panic::{catch_unwind, AssertUnwindSafe};
     if tokio::runtime::Handle::try_current().is_err() {
         return;
     }
     // Tokio's `pause` panics if its clock is paused already (then ours follows it as
-    // it stands: the expansion of `start_paused` pauses it when the runtime is built,
-    // so that its clock and ours start on its tick grid), or if the runtime is not
-    // current-thread (then so do we, as tokio's).
-    let paused = catch_unwind(AssertUnwindSafe(tokio::time::pause));
+    // it stands: `start_paused`'s expansion pauses it when the runtime is built, so
+    // that its clock and ours start on its tick grid, and says so, sparing the
+    // panic's message), or if the runtime is not current-thread (then so do we, as
+    // tokio's).
+    let paused = if tokio_paused {
+        Ok(())
+    } else {
+        catch_unwind(AssertUnwindSafe(tokio::time::pause))
+    };
     if let Err(panic) = paused {
         let message = panic
             .downcast_ref::<String>()
@@ -864,6 +877,6 @@ async fn mirror(shared: Arc<PauseShared>) {
 #[doc(hidden)]
 pub fn __pause_if(start_paused: bool) {
     if start_paused {
-        pause();
+        pause_with(true);
     }
 }
