@@ -290,18 +290,18 @@ impl Instant {
 
     /// The time from `earlier` to this instant; zero if `earlier` is later (as
     /// tokio's).
-    pub fn duration_since(&self, earlier: impl Into<Instant>) -> Duration {
-        self.0.saturating_duration_since(earlier.into().0)
+    pub fn duration_since(&self, earlier: Instant) -> Duration {
+        self.0.saturating_duration_since(earlier.0)
     }
 
     /// The time from `earlier` to this instant, or `None` if `earlier` is later.
-    pub fn checked_duration_since(&self, earlier: impl Into<Instant>) -> Option<Duration> {
-        self.0.checked_duration_since(earlier.into().0)
+    pub fn checked_duration_since(&self, earlier: Instant) -> Option<Duration> {
+        self.0.checked_duration_since(earlier.0)
     }
 
     /// The time from `earlier` to this instant; zero if `earlier` is later.
-    pub fn saturating_duration_since(&self, earlier: impl Into<Instant>) -> Duration {
-        self.0.saturating_duration_since(earlier.into().0)
+    pub fn saturating_duration_since(&self, earlier: Instant) -> Duration {
+        self.0.saturating_duration_since(earlier.0)
     }
 
     /// The time since this instant on the current service's clock

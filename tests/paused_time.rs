@@ -255,3 +255,22 @@ fn pause_in_a_runtime_without_timers_panics_instead_of_hanging() {
         .unwrap();
     runtime.block_on(async { time::pause() });
 }
+
+/// The attribute without `start_paused` is tokio's: here a multi-thread runtime on
+/// the system clock (the process-wide service), its workers' tasks included.
+#[sharded_timer::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attribute_builds_a_multi_thread_runtime_on_the_system_clock() {
+    let real = std::time::Instant::now();
+    let start = Instant::now();
+    let slept = tokio::spawn(async {
+        time::sleep(Duration::from_millis(2)).await;
+        Instant::now()
+    })
+    .await
+    .unwrap();
+    assert!(slept - start >= Duration::from_millis(2), "never early");
+    assert!(
+        real.elapsed() >= Duration::from_millis(2),
+        "real time passed"
+    );
+}
