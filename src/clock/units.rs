@@ -61,6 +61,10 @@ impl Nanos {
 
     /// The nanoseconds from tick 0 to `self` if it is at or after tick 0, or from
     /// `self` to tick 0 if it is before: `Ok(after)` or `Err(before)`.
+    ///
+    /// # Errors
+    ///
+    /// `Err` is not a failure: it carries the distance of an instant before tick 0.
     pub const fn offset_from_zero(self) -> Result<u64, u64> {
         if self.0 >= ZERO_BITS {
             Ok(self.0 - ZERO_BITS)

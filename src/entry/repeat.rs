@@ -278,6 +278,15 @@ impl RunningEntry {
     /// here: it comes back as a [`CancelledRun`], which drops it when it is dropped, so
     /// the caller does its bookkeeping (counting the cancel) first and lets user code
     /// (the callback's captures, whose `Drop` may panic) run last.
+    ///
+    /// # Errors
+    ///
+    /// `Err(CancelledRun)` when a cancel won during the run: the timer is done.
+    ///
+    /// # Panics
+    ///
+    /// If the run was finished already (an internal invariant: `finish*` consume the
+    /// run, and only `Drop` finishes one in place).
     pub fn finish_deferred(mut self) -> Result<EntryRef, CancelledRun> {
         let entry = self
             .entry
