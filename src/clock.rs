@@ -17,10 +17,12 @@
 
 #![forbid(unsafe_code)]
 
+mod armed;
 pub(crate) mod coarse;
 mod manual;
 mod units;
 
+pub(crate) use armed::{note_armed, set_armed_hook};
 pub use manual::ManualClock;
 pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
 pub use units::{Nanos, Tick};

@@ -99,7 +99,7 @@ impl Armed {
             Ok(handle) => {
                 // A paused thread's mirror looks for the earliest timer again.
                 #[cfg(not(loom))]
-                crate::time::note_armed(deadline);
+                crate::clock::note_armed(deadline);
                 Armed::Timer(handle)
             }
             Err(error) => Armed::Refused(error),

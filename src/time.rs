@@ -597,18 +597,6 @@ impl PauseShared {
     }
 }
 
-/// Tells this thread's paused time that a sleep's timer was armed for `deadline`
-/// (from `future.rs`): the mirror then looks for the earliest timer again.
-pub(crate) fn note_armed(deadline: std::time::Instant) {
-    PAUSED.with(|paused| {
-        if let Ok(paused) = paused.try_borrow() {
-            if let Some(paused) = paused.as_ref() {
-                paused.shared.armed(deadline);
-            }
-        }
-    });
-}
-
 /// Pauses time on this thread (tokio's `time::pause`): from now on the
 /// [`time`](crate::time) functions and [`Instant::now`] on this thread use a service of
 /// its own, on a [`ManualClock`] of its own, that moves only when told to: by
@@ -681,6 +669,12 @@ fn pause_with(tokio_paused: bool) {
     follow_tokio(&shared, tokio_paused);
     #[cfg(not(feature = "tokio"))]
     let _ = tokio_paused;
+    // A sleep armed on this thread tells the paused time (through `clock`, which
+    // `future.rs` may import): the mirror then looks for the earliest timer again.
+    let listener = Arc::clone(&shared);
+    drop(crate::clock::set_armed_hook(Some(std::rc::Rc::new(
+        move |deadline| listener.armed(deadline),
+    ))));
     let previous = PAUSED.with(|paused| paused.replace(Some(Paused { timer, shared })));
     drop(previous);
 }
