@@ -15,9 +15,11 @@
 //! # Design
 //!
 //! Each timer is one heap allocation (state, deadline and callback). [`schedule`]
-//! routes it by the hash of its [`TimerId`] to a *shard*: a thread with its own
+//! routes it to the *shard* of the calling thread's core: a thread with its own
 //! hierarchical timing wheel ([`wheel::TimingWheel`]'s engine; Varghese & Lauck 1987,
-//! scheme 7) fed through a bounded lock-free MPSC ring. [`TimerHandle::cancel`] is one
+//! scheme 7), into which the caller files the timer itself when nobody holds the
+//! shard (one compare-and-swap on its token), else through a bounded lock-free MPSC
+//! ring. [`TimerHandle::cancel`] is one
 //! compare-and-swap on the entry's state. Each shard advances its wheel to the current
 //! tick, fires due timers, hands their callbacks to a work-stealing pool in batches
 //! (or runs them itself, or hands them to your executor: [`Callbacks`]), and parks

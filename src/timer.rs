@@ -1,5 +1,6 @@
-//! [`ShardedTimer`], the service façade that routes each timer to a shard by the hash
-//! of its id, and its [`Builder`].
+//! [`ShardedTimer`], the service façade that routes each timer to the shard of the
+//! calling thread's core (by the hash of its id where the core is unknown), and its
+//! [`Builder`].
 
 #![forbid(unsafe_code)]
 
@@ -12,7 +13,7 @@ use crate::entry::EntryRef;
 use crate::error::{BuildError, ScheduleError};
 use crate::executor::{thread_name, Executor};
 use crate::handle::{HandleOptions, TimerHandle, Unfired};
-use crate::home::{home_index, user_gone, CoreHome, Registration};
+use crate::home::{home_index, route, user_gone, CoreHome, Registration};
 use crate::id::{TimerId, TimerState};
 use crate::limit::PendingLimit;
 use crate::shard::{dispatch_rest_here, is_own_thread, take_own_core, ShardShared, ShardThread};
@@ -436,7 +437,7 @@ impl Threads {
 
 /// State shared by every clone of a [`ShardedTimer`].
 pub(crate) struct Inner {
-    /// The shards, indexed by `TimerId::shard_index`.
+    /// The shards; shard `k` is pinned to core `k` (`home::route`).
     shards: Box<[Arc<ShardShared>]>,
     /// Each shard with what scheduling onto it needs, and the home of the sleeps made
     /// on its core (`home.rs`); `homes[k]` schedules onto `shards[k]`.
@@ -674,7 +675,7 @@ impl ShardedTimer {
     }
 
     /// Schedules `f` at `deadline` (nanoseconds from tick 0): allocate the entry, route
-    /// it by the hash of its id, push it to that shard's ring.
+    /// it to the calling thread's core's shard, file it there.
     fn schedule_ns<F>(&self, deadline: Nanos, f: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
@@ -811,7 +812,7 @@ impl ShardedTimer {
 
     /// Checks the service is up and (if the timer `holds_room`) has room, makes the
     /// entry due at `deadline` (nanoseconds from tick 0; `make` gets its id), routes it
-    /// by the hash of its id and pushes it to that shard's ring.
+    /// to the shard of the calling thread's core (`home::route`) and files it there.
     fn enqueue(
         &self,
         deadline: Nanos,
@@ -825,7 +826,8 @@ impl ShardedTimer {
             return Err(ScheduleError::Shutdown);
         }
         let id = TimerId::next();
-        let home = &inner.homes[id.shard_index(inner.homes.len())];
+        // The calling thread's core's shard (`home::route`).
+        let home = &inner.homes[route(inner.homes.len(), id)];
         home.enqueue(id, deadline, holds_room, make)
     }
 

@@ -168,11 +168,13 @@ fn inline_callbacks_schedule_and_cancel_on_their_own_full_ring_without_waiting_f
 fn shutdown_from_an_inline_callback_returns_every_pending_timer_its_own_shards_included() {
     let timer = service(2, Callbacks::inline());
     let ran = Arc::new(AtomicUsize::new(0));
-    // Pending on both shards, an hour away (runs of 64 ids go to one shard: 1,000
-    // timers land on both but with chance 2^-15).
-    for _ in 0..1_000 {
-        timer.schedule(Duration::from_secs(3600), || {}).unwrap();
-    }
+    // Pending on both shards, an hour away (`schedule` routes by the caller's core:
+    // 500 from each of 2 cores).
+    support::on_each_core(2, |_| {
+        for _ in 0..500 {
+            timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+        }
+    });
     support::wait_filed(&timer, 1_000);
     let loads = timer.stats().shards;
     assert!(loads.iter().all(|s| s.pending > 0), "{loads:?}");

@@ -59,16 +59,22 @@ fn lateness_counts_every_fired_timer_and_bounds_the_real_lateness() {
 #[test]
 fn each_shard_reports_its_pending_timers() {
     let timer = small_timer();
-    let handles: Vec<_> = (0..1_000)
-        .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
-        .collect();
+    // `schedule` routes by the caller's core: 500 from each of 2 cores.
+    let handles: Vec<_> = support::on_each_core(2, |_| {
+        (0..500)
+            .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
+            .collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     assert!(wait_until(WAIT, || timer.stats().scheduled == 1_000));
     let stats = timer.stats();
     assert_eq!(stats.pending, 1_000);
     assert_eq!(stats.in_rings, 0);
     assert_eq!(stats.shards.iter().map(|s| s.pending).sum::<u64>(), 1_000);
-    // Ids hash evenly: each of 2 shards holds some (all on one: chance 2^-999).
-    assert!(stats.shards.iter().all(|s| s.pending > 0), "{stats:?}");
+    // Each core's caller filled its own core's shard.
+    assert!(stats.shards.iter().all(|s| s.pending == 500), "{stats:?}");
     for handle in &handles[..400] {
         assert!(handle.cancel());
     }

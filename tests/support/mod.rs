@@ -123,3 +123,34 @@ pub(crate) fn queued() -> (Callbacks, std::sync::mpsc::Receiver<Callback>) {
     });
     (callbacks, rx)
 }
+
+/// Runs `f(k)` on a thread pinned to core `k`, for each `k` below `cores`, and returns
+/// the results in core order: `schedule` routes a timer to the shard of its caller's
+/// core, so this reaches shard `k` of a service with `cores` shards.
+///
+/// # Panics
+///
+/// If the machine has fewer than `cores` cores, or `f` panics.
+#[allow(dead_code, reason = "not every test file spreads timers over shards")]
+pub(crate) fn on_each_core<T: Send>(cores: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    assert!(
+        ids.len() >= cores,
+        "{cores} cores needed, {} found",
+        ids.len()
+    );
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = ids[..cores]
+            .iter()
+            .enumerate()
+            .map(|(k, &id)| {
+                let f = &f;
+                scope.spawn(move || {
+                    assert!(core_affinity::set_for_current(id), "pinned to core {k}");
+                    f(k)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
