@@ -5,6 +5,7 @@
 //! cargo run --release                        # every workload, about 30 s
 //! cargo run --release -- rpc --requests 1000000 --json
 //! cargo run --release -- --compare           # the same workloads on tokio and peers, ratios
+//! cargo run --release -- --compare --write docs/benchmarks.md   # ... written as a report
 //! cargo run --release -- --sweep producers=1,2,4,8
 //! cargo run --release -- --soak 10m          # flat memory, nothing early, lost or duplicated
 //! cargo run --release -- chaos 10m           # random operations from many threads, checked
@@ -29,7 +30,7 @@ use sharded_timer::ShardedTimer;
 use sharded_timer_peers as peers;
 use sharded_timer_peers::alloc;
 
-use modes::{compare, plot, soak, sweep, timeouts};
+use modes::{benchmarks, compare, plot, soak, sweep, timeouts};
 use report::{IdleReport, Machine, RunReport};
 use workloads::{
     asynchronous, backpressure, burst, delayed, heartbeat, keepalive, net, rpc, stall, steady,
@@ -130,8 +131,15 @@ struct Args {
     #[arg(long)]
     async_only: bool,
     /// --compare, --sweep and --soak: write SVG charts of the run into this directory
+    /// [with --write: `charts` beside FILE]
     #[arg(long, value_name = "DIR")]
     plot: Option<std::path::PathBuf>,
+    /// --compare: also run the net workload on each peer, the same rounds interleaved,
+    /// and write the whole run as Markdown into FILE (machine, commit, date, method,
+    /// medians, spreads, ratios and verdicts, failed runs, charts), e.g.
+    /// docs/benchmarks.md
+    #[arg(long, value_name = "FILE")]
+    write: Option<std::path::PathBuf>,
     /// --compare and --sweep: interleaved rounds per figure (the median is kept)
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -402,6 +410,12 @@ fn main() {
         producers: args.producers,
         progress: !args.json && !args.csv,
     };
+    if args.write.is_some() && (!args.compare || args.async_only) {
+        eprintln!(
+            "error: --write writes a whole --compare run: give --compare, without --async-only"
+        );
+        std::process::exit(2);
+    }
     let modes = args.compare || !args.sweep.is_empty() || args.soak.is_some();
     if args.plot.is_some() && !modes {
         eprintln!("error: --plot draws a --compare, --sweep or --soak run: give one of them");
@@ -426,27 +440,76 @@ fn main() {
         if !quiet {
             println!("sharded-timer --compare {machine}");
         }
+        let started = std::time::SystemTime::now();
+        let load_at_start = system::load_average();
+        // With --write, the charts go beside the file unless --plot says where.
+        let plot_dir = args.plot.clone().or_else(|| {
+            args.write.as_ref().map(|file| {
+                file.parent()
+                    .unwrap_or(std::path::Path::new(""))
+                    .join("charts")
+            })
+        });
+        let mut drawn = Vec::new();
+        let mut draw = |written: Result<Vec<std::path::PathBuf>, String>| {
+            if let Ok(paths) = &written {
+                drawn.extend(paths.iter().cloned());
+            }
+            charts(written, quiet)
+        };
         // The timer peers (all but pingora, which has only the async section).
         let timer_peers = args.peers.is_empty() || args.peers.iter().any(|peer| peer != "pingora");
+        let mut compared = None;
         if timer_peers && !args.async_only {
             let report = compare::run(args.rounds, &args.peers, quiet);
             failed |= report.early() > 0;
-            if let Some(dir) = &args.plot {
-                failed |= !charts(plot::compare(&report, dir), quiet);
+            if let Some(dir) = &plot_dir {
+                failed |= !draw(plot::compare(&report, dir));
             }
             extra.insert(
                 "compare".into(),
                 serde_json::to_value(&report).expect("serialises"),
             );
+            compared = Some(report);
         }
         let rows = timeouts::run(args.rounds, &args.peers, quiet);
-        if let Some(dir) = &args.plot {
-            failed |= !charts(plot::timeouts(&rows, dir), quiet);
+        if let Some(dir) = &plot_dir {
+            failed |= !draw(plot::timeouts(&rows, dir));
         }
         extra.insert(
             "timeouts".into(),
             serde_json::to_value(&rows).expect("serialises"),
         );
+        if let Some(file) = &args.write {
+            if !quiet {
+                println!("\nnet, {} interleaved rounds per peer ...", args.rounds);
+            }
+            let net = net::rounds(&common, args.net_connections, args.rounds, &args.peers);
+            extra.insert(
+                "net".into(),
+                serde_json::to_value(&net).expect("serialises"),
+            );
+            let context = benchmarks::Context {
+                machine: &machine,
+                rounds: args.rounds.max(1),
+                arguments: std::env::args().skip(1).collect(),
+                started,
+                finished: std::time::SystemTime::now(),
+                load: (load_at_start, system::load_average()),
+                charts: drawn,
+            };
+            match benchmarks::write(file, &context, compared.as_ref(), &rows, Some(&net)) {
+                Ok(()) => {
+                    if !quiet {
+                        println!("wrote {}", file.display());
+                    }
+                }
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    failed = true;
+                }
+            }
+        }
     }
     if !args.sweep.is_empty() {
         let producers = &args.sweep;

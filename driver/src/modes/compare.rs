@@ -44,6 +44,9 @@ const BURST: usize = 1_000_000;
 const WINDOW: usize = 1024;
 const TIMEOUT: Duration = Duration::from_millis(300);
 
+/// Every round's rate and CPU ns per operation, in round order.
+pub(crate) type Rounds = Vec<(f64, f64)>;
+
 /// One peer's figures in one workload.
 #[derive(Debug, Serialize)]
 pub(crate) struct Row {
@@ -59,6 +62,11 @@ pub(crate) struct Row {
     pub(crate) spread: String,
     /// Process CPU time (every thread, `CLOCK_PROCESS_CPUTIME_ID`) per operation, ns.
     pub(crate) cpu_ns_per_op: f64,
+    /// Timers that should have fired and had not when the wait for them ended (must
+    /// be 0), summed over the rounds.
+    pub(crate) lost: u64,
+    /// Every round's rate and CPU ns per operation, in round order.
+    pub(crate) rounds: Rounds,
 }
 
 impl Row {
@@ -82,7 +90,17 @@ impl Row {
             ],
             early: tracker.violations().0,
             spread: String::new(),
+            lost: 0,
+            rounds: Vec::new(),
         }
+    }
+}
+
+impl Row {
+    /// Whether the peer's own run failed: a timer fired early, or one due had not
+    /// fired when the wait for it ended.
+    pub(crate) fn failed(&self) -> bool {
+        self.early > 0 || self.lost > 0
     }
 }
 
@@ -128,16 +146,18 @@ fn rpc(kind: Kind) -> Row {
     });
     // The requests' CPU, the timeouts that fired included.
     let cpu_ns = cpu.ns_per(REQUESTS);
-    let (histogram, _) = tracker.lateness();
+    let (histogram, fired) = tracker.lateness();
     drop(kept);
     drop(background);
     drop(peer);
-    Row::new(
+    let mut row = Row::new(
         kind,
         (REQUESTS as f64 / elapsed.as_secs_f64(), cpu_ns),
         &histogram,
         tracker,
-    )
+    );
+    row.lost = expected.saturating_sub(fired);
+    row
 }
 
 /// Runs `work(producer)` on `count` producer threads at once, each pinned
@@ -181,12 +201,14 @@ fn burst(kind: Kind) -> Row {
     drop(kept);
     drop(peer);
     let drain = Duration::from_micros(histogram.max().max(1));
-    Row::new(
+    let mut row = Row::new(
         kind,
         (fired as f64 / drain.as_secs_f64(), cpu_ns),
         &histogram,
         tracker,
-    )
+    );
+    row.lost = (BURST as u64).saturating_sub(fired);
+    row
 }
 
 /// Allocated bytes per pending timer, **the caller keeping its handle**, for each of
@@ -317,6 +339,8 @@ fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<
     runs.into_iter()
         .map(|rows| {
             let early = rows.iter().map(|r| r.early).sum();
+            let lost = rows.iter().map(|r| r.lost).sum();
+            let rounds = rows.iter().map(|r| (r.rate, r.cpu_ns_per_op)).collect();
             let (low, high) = rows
                 .iter()
                 .fold((f64::INFINITY, 0.0f64), |(low, high), row| {
@@ -325,6 +349,8 @@ fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<
             let spread = format!("{:.2}..{:.2}", low / 1e6, high / 1e6);
             let mut median = median_by(rows, |row| row.rate);
             median.early = early;
+            median.lost = lost;
+            median.rounds = rounds;
             median.spread = spread;
             median
         })
@@ -376,6 +402,12 @@ fn verdict(workload: &str, rows: &[Row]) -> String {
     let against: Vec<String> = rows[1..]
         .iter()
         .map(|peer| {
+            if peer.failed() {
+                return format!(
+                    "no ratio against {}: its run failed ({} early, {} lost)",
+                    peer.peer, peer.early, peer.lost
+                );
+            }
             let rate = ours.rate / peer.rate;
             let cpu = ours.cpu_ns_per_op / peer.cpu_ns_per_op;
             let standing = match (rate >= 1.0, cpu <= 1.0) {
@@ -389,6 +421,12 @@ fn verdict(workload: &str, rows: &[Row]) -> String {
             )
         })
         .collect();
+    if ours.failed() {
+        return format!(
+            "verdict, {workload}: none: {}'s own run failed ({} early, {} lost)",
+            ours.peer, ours.early, ours.lost
+        );
+    }
     format!(
         "verdict, {workload}: {} is {}",
         ours.peer,
@@ -413,6 +451,9 @@ pub(crate) struct CompareReport {
     pub(crate) schedule_cpu_ns: Vec<(&'static str, Vec<f64>, Vec<f64>)>,
     /// Per peer: allocated bytes per pending timer, handle kept, and handle bytes.
     pub(crate) memory: Vec<(&'static str, f64, usize)>,
+    /// Per peer, per column (schedule at each producer count, then schedule+cancel):
+    /// every round's timers (pairs) per second and CPU ns per timer, in round order.
+    pub(crate) schedule_rounds: Vec<(&'static str, Vec<Rounds>)>,
 }
 
 /// Runs every workload on each peer named in `only` (all when empty), `rounds` times
@@ -454,6 +495,11 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
     }
     let mut schedule = Vec::new();
     let mut schedule_cpu_ns = Vec::new();
+    let schedule_rounds = kinds
+        .iter()
+        .zip(&samples)
+        .map(|(kind, columns)| (kind.name(), columns.clone()))
+        .collect();
     for (kind, mut columns) in kinds.iter().zip(samples) {
         // Each column's median round: its rate (M/s) and its CPU ns per timer.
         let medians: Vec<(f64, f64)> = columns
@@ -477,6 +523,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         schedule,
         schedule_cpu_ns,
         memory,
+        schedule_rounds,
     };
     if !quiet {
         print_rest(&report);

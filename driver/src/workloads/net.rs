@@ -524,3 +524,73 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
         notes,
     }
 }
+
+/// One peer's round of the net workload, for `--compare --write`: the load phase's
+/// rate and CPU, the idle closes' lateness, and what went wrong (each must be 0).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct NetRound {
+    /// Requests answered per second during the load phase.
+    pub(crate) requests_per_sec: f64,
+    /// Process CPU ns (every thread) per request during the load phase.
+    pub(crate) cpu_ns_per_request: f64,
+    /// The idle closes' lateness after their deadline, µs.
+    pub(crate) idle_close_lateness: Lateness,
+    /// Requests whose timeout elapsed.
+    pub(crate) timed_out: u64,
+    /// Clients that failed (connect, I/O).
+    pub(crate) failed: u64,
+    /// Quiet connections the server never closed for idleness.
+    pub(crate) lost_closes: u64,
+    /// Busy connections the server closed for idleness.
+    pub(crate) busy_closed: u64,
+    /// Idle closes before their deadline.
+    pub(crate) early: u64,
+}
+
+impl NetRound {
+    /// Whether the round failed: any request timed out, client failed, close was
+    /// lost, early or of a busy connection.
+    pub(crate) fn failed(&self) -> bool {
+        self.timed_out + self.failed + self.lost_closes + self.busy_closed + self.early > 0
+    }
+}
+
+/// The net workload over `wanted` connections (fewer if the descriptor limit cannot
+/// be raised that far) on sharded-timer and each peer `only` names (all when empty),
+/// `rounds` times interleaved. Returns the connections used and, per peer in order
+/// (sharded-timer first), its name and every round.
+pub(crate) fn rounds(
+    common: &Common,
+    wanted: usize,
+    rounds: usize,
+    only: &[String],
+) -> (usize, Vec<(&'static str, Vec<NetRound>)>) {
+    let connections = connections_that_fit(wanted);
+    let peers: Vec<Peer> = [Peer::Ours, Peer::Tokio, Peer::Pingora]
+        .into_iter()
+        .filter(|&peer| {
+            peer == Peer::Ours || only.is_empty() || only.iter().any(|name| peer.is_named(name))
+        })
+        .collect();
+    let mut runs: Vec<(&'static str, Vec<NetRound>)> =
+        peers.iter().map(|peer| (peer.name(), Vec::new())).collect();
+    let quiet = connections as u64 / 2;
+    for _ in 0..rounds.max(1) {
+        for (index, &peer) in peers.iter().enumerate() {
+            let run = run_peer(common, peer, connections);
+            // ORDERING: Relaxed: the run has ended and its runtime is dropped.
+            let count = |f: fn(&Tally) -> &AtomicU64| f(&run.tally).load(Ordering::Relaxed);
+            runs[index].1.push(NetRound {
+                requests_per_sec: run.requests_per_sec,
+                cpu_ns_per_request: run.cpu_ns_per_request,
+                idle_close_lateness: run.lateness,
+                timed_out: count(|t| &t.timed_out),
+                failed: count(|t| &t.failed),
+                lost_closes: quiet.saturating_sub(count(|t| &t.quiet_closed)),
+                busy_closed: count(|t| &t.busy_closed),
+                early: count(|t| &t.early),
+            });
+        }
+    }
+    (connections, runs)
+}
