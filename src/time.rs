@@ -63,6 +63,13 @@
 //! Without a tokio runtime (or without the feature), paused time moves only with
 //! [`advance`].
 //!
+//! Paused time begun inside a tokio runtime belongs to that runtime, as tokio's
+//! paused clock does: once the runtime is dropped, the thread's paused service is
+//! shut down and the thread uses the entered service or [`global`] again, so one
+//! thread may run paused runtimes in turn (a runtime per test case), each pausing
+//! afresh, or a plain runtime after a paused one. Paused time begun outside any
+//! runtime lasts until the thread ends.
+//!
 //! ```
 //! # #[cfg(feature = "tokio")]
 //! # fn main() {
@@ -82,7 +89,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
@@ -164,29 +171,40 @@ impl Builder {
 // The current service.
 
 std::thread_local! {
-    /// The service [`ShardedTimer::enter`] made current on this thread, if any.
-    static ENTERED: RefCell<Option<ShardedTimer>> = const { RefCell::new(None) };
-    /// This thread's paused time, once [`pause`] was called on it.
+    /// The services [`ShardedTimer::enter`] made current on this thread, each with
+    /// its guard's number, oldest first: the last is the current one.
+    static ENTERED: RefCell<Vec<(u64, ShardedTimer)>> = const { RefCell::new(Vec::new()) };
+    /// The number of this thread's next [`EnterGuard`].
+    static NEXT_GUARD: Cell<u64> = const { Cell::new(0) };
+    /// This thread's paused time, once [`pause`] was called on it (until its runtime,
+    /// if it paused inside one, is dropped).
     static PAUSED: RefCell<Option<Paused>> = const { RefCell::new(None) };
 }
 
 /// Makes a service the current one on this thread until dropped; made by
-/// [`ShardedTimer::enter`]. Dropping it makes the service that was current before
-/// current again. Not `Send`: it belongs to the thread it was made on.
+/// [`ShardedTimer::enter`]. While guards nest, the service of the most recent guard
+/// still alive is current; dropping a guard removes its own service wherever it
+/// stands, so guards may drop in any order (tokio's panics when they drop out of
+/// order). Not `Send`: it belongs to the thread it was made on.
 #[must_use = "the service is current only until the guard drops"]
 pub struct EnterGuard {
-    /// The service that was current before.
-    previous: Option<ShardedTimer>,
+    /// This guard's number among the thread's guards.
+    number: u64,
     /// `!Send`, `!Sync`.
     _thread: PhantomData<*const ()>,
 }
 
 impl Drop for EnterGuard {
     fn drop(&mut self) {
-        let previous = self.previous.take();
         // The entered clone is dropped here, after the borrow: dropping a service's
         // last clone shuts it down, which must not run under the borrow.
-        let entered = ENTERED.with(|entered| entered.replace(previous));
+        let entered = ENTERED.with(|entered| {
+            let mut entered = entered.try_borrow_mut().ok()?;
+            let at = entered
+                .iter()
+                .rposition(|(number, _)| *number == self.number)?;
+            Some(entered.remove(at))
+        });
         drop(entered);
     }
 }
@@ -194,7 +212,7 @@ impl Drop for EnterGuard {
 impl fmt::Debug for EnterGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EnterGuard")
-            .field("restores", &self.previous.is_some())
+            .field("number", &self.number)
             .finish()
     }
 }
@@ -202,18 +220,30 @@ impl fmt::Debug for EnterGuard {
 impl ShardedTimer {
     /// Makes this service the current one on this thread until the guard drops (as
     /// tokio's `Runtime::enter`): the [`time`](crate::time) functions and
-    /// [`time::Instant::now`](Instant::now) use it instead of [`global`]. Guards nest;
-    /// each restores the service current before it. A thread whose time is paused
-    /// ([`pause`]) keeps using its paused service. See the [module](crate::time) docs
-    /// for giving a runtime's worker threads a service.
+    /// [`time::Instant::now`](Instant::now) use it instead of [`global`]. Guards nest:
+    /// the service of the most recent guard still alive is current, so dropping
+    /// guards in the reverse order restores each service current before; dropping
+    /// them in another order is allowed too (tokio's panics), and once every guard is
+    /// gone no service is entered. A thread whose time is paused ([`pause`]) keeps
+    /// using its paused service. See the [module](crate::time) docs for giving a
+    /// runtime's worker threads a service.
     ///
     /// # Panics
     ///
     /// Never.
     pub fn enter(&self) -> EnterGuard {
-        let previous = ENTERED.with(|entered| entered.replace(Some(self.clone())));
+        let number = NEXT_GUARD.with(|next| {
+            let number = next.get();
+            next.set(number.wrapping_add(1));
+            number
+        });
+        ENTERED.with(|entered| {
+            if let Ok(mut entered) = entered.try_borrow_mut() {
+                entered.push((number, self.clone()));
+            }
+        });
         EnterGuard {
-            previous,
+            number,
             _thread: PhantomData,
         }
     }
@@ -222,6 +252,7 @@ impl ShardedTimer {
 /// Runs `f` on the current service: this thread's paused one (its clock first
 /// brought up to tokio's, when it mirrors it), else the entered one, else [`global`].
 fn with_current<R>(f: impl FnOnce(&ShardedTimer) -> R) -> R {
+    discard_ended_pause();
     let mut f = Some(f);
     let paused = PAUSED.with(|paused| {
         let paused = paused.try_borrow().ok()?;
@@ -238,7 +269,7 @@ fn with_current<R>(f: impl FnOnce(&ShardedTimer) -> R) -> R {
     let mut f = Some(f);
     let entered = ENTERED.with(|entered| {
         let entered = entered.try_borrow().ok()?;
-        let entered = entered.as_ref()?;
+        let (_, entered) = entered.last()?;
         f.take().map(|f| f(entered))
     });
     match (entered, f) {
@@ -551,6 +582,9 @@ struct PauseState {
     mirror: Option<Waker>,
     /// Set when the mirror must look again.
     look_again: bool,
+    /// Set when the tokio runtime the pause began in was dropped: the paused time
+    /// is over, and the thread's next lookup discards it.
+    ended: bool,
 }
 
 impl PauseShared {
@@ -597,6 +631,38 @@ impl PauseShared {
     }
 }
 
+/// Ends a thread's paused time when dropped: owned by a task on the tokio runtime
+/// the pause began in, which the runtime drops as it shuts down.
+#[cfg(feature = "tokio")]
+struct EndsWithRuntime(Arc<PauseShared>);
+
+#[cfg(feature = "tokio")]
+impl Drop for EndsWithRuntime {
+    fn drop(&mut self) {
+        self.0.lock().ended = true;
+    }
+}
+
+/// Discards this thread's paused time if it has ended (its runtime was dropped):
+/// shuts its service down and stops listening for armed timers, so that the thread
+/// uses the entered service or [`global`] again, and a new [`pause`] starts afresh.
+fn discard_ended_pause() {
+    let ended = PAUSED.with(|paused| {
+        let mut paused = paused.try_borrow_mut().ok()?;
+        if !paused.as_ref()?.shared.lock().ended {
+            return None;
+        }
+        paused.take()
+    });
+    // Outside the borrow: shutting the service down drops its pending timers' wakers
+    // (users' values), and dropping the listener drops a clone of the shared state.
+    if let Some(ended) = ended {
+        drop(crate::clock::set_armed_hook(None));
+        drop(ended.timer.shutdown());
+        drop(ended);
+    }
+}
+
 /// Pauses time on this thread (tokio's `time::pause`): from now on the
 /// [`time`](crate::time) functions and [`Instant::now`] on this thread use a service of
 /// its own, on a [`ManualClock`] of its own, that moves only when told to: by
@@ -608,8 +674,13 @@ impl PauseShared {
 /// with ours).
 ///
 /// The paused service (one shard, callbacks inline, so no pool thread) stays this
-/// thread's until the thread ends; [`resume`] lets its clock follow real time again.
-/// Futures made before the pause keep the service they were made on.
+/// thread's, [`resume`]d or not, until the tokio runtime the pause began in is
+/// dropped (as tokio's paused clock belongs to its runtime): it is then shut down
+/// (futures still made on it complete at once), and the thread goes back to the
+/// entered service or [`global`]; a later `pause` starts a new paused service.
+/// Paused outside any runtime (or without the feature), it stays until the thread
+/// ends. [`resume`] lets its clock follow real time again. Futures made before the
+/// pause keep the service they were made on.
 ///
 /// # Panics
 ///
@@ -623,6 +694,7 @@ pub fn pause() {
 /// [`pause`]; `tokio_paused`: tokio's clock is paused already (`start_paused`'s
 /// expansion builds the runtime paused).
 fn pause_with(tokio_paused: bool) {
+    discard_ended_pause();
     let resumed = PAUSED.with(|paused| {
         let paused = paused.borrow();
         let paused = paused.as_ref()?;
@@ -662,6 +734,7 @@ fn pause_with(tokio_paused: bool) {
             target: None,
             mirror: None,
             look_again: false,
+            ended: false,
         }),
         clock,
     });
@@ -720,6 +793,14 @@ fn follow_tokio(shared: &Arc<PauseShared>, tokio_paused: bool) {
         at: shared.clock.now(),
     };
     drop(tokio::spawn(mirror(shared.clone())));
+    // The paused time belongs to this runtime, as tokio's paused clock does: a task
+    // that never completes holds the guard, and the runtime drops it as it shuts
+    // down.
+    let ends = EndsWithRuntime(shared.clone());
+    drop(tokio::spawn(async move {
+        let _ends = ends;
+        std::future::pending::<()>().await;
+    }));
 }
 
 /// Resumes time on this thread (tokio's `time::resume`): the paused service stays
@@ -732,6 +813,7 @@ fn follow_tokio(shared: &Arc<PauseShared>, tokio_paused: bool) {
 ///
 /// If time is not paused on this thread (as tokio's).
 pub fn resume() {
+    discard_ended_pause();
     let shared = PAUSED.with(|paused| {
         let paused = paused.borrow();
         let paused = paused.as_ref().filter(|paused| paused.shared.lock().frozen);
@@ -789,6 +871,7 @@ fn start_pacer(shared: &Arc<PauseShared>) {
 ///
 /// If time is not paused on this thread (as tokio's).
 pub async fn advance(duration: Duration) {
+    discard_ended_pause();
     let shared = PAUSED.with(|paused| {
         let paused = paused.borrow();
         let paused = paused.as_ref().filter(|paused| paused.shared.lock().frozen);
