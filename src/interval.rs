@@ -22,6 +22,12 @@ use crate::{ShardedTimer, Sleep};
 /// tokio's (a repeating callback, [`ShardedTimer::schedule_repeating`], skips
 /// instead).
 ///
+/// A tick counts as missed, as tokio's, only when it completes more than
+/// 5 ms after it was due — or more than one of the service's ticks,
+/// if those are longer (finer lateness is the wheel's resolution, not a miss). A tick
+/// less late than that is not a miss: whatever the behaviour, the next is due one
+/// period after it, on the grid.
+///
 /// Every behaviour yields the `Instant` each tick was *due*, not when it completed. The
 /// timelines below are for `interval(10ms)` made at 0, polled again only at 35 ms
 /// (ticks due at 10, 20 and 30 ms were missed):
@@ -40,15 +46,19 @@ pub enum MissedTickBehavior {
     Burst,
     /// Yield the earliest missed tick once, then restart the grid from the time it was
     /// yielded: the next tick is one period after that. Keeps at least a period between
-    /// a late tick and the next. A tick counts as late here when it completes more
-    /// than one of the service's ticks after it was due (finer lateness is the wheel's
-    /// resolution, not a miss).
+    /// a missed tick and the next. A tick up to 5 ms late keeps the
+    /// grid (as tokio's).
     Delay,
     /// Yield the earliest missed tick once, then go on with the first grid point after
     /// now: the grid is kept, the missed points are dropped. For heartbeats and polls,
     /// where catching up is pointless.
     Skip,
 }
+
+/// How late a tick may complete before it counts as missed (tokio's
+/// `Interval::poll_tick`: `now > timeout + 5ms`); a service whose tick is longer uses
+/// its tick instead.
+const MISSED_AFTER: Duration = Duration::from_millis(5);
 
 impl MissedTickBehavior {
     /// When the tick after one `due` at `due` comes, observed at `now` (`now ≥ due`),
@@ -61,10 +71,13 @@ impl MissedTickBehavior {
         resolution: Duration,
     ) -> Instant {
         let late = now.saturating_duration_since(due);
+        if late <= MISSED_AFTER.max(resolution) {
+            // Not a miss: on the grid, whatever the behaviour (as tokio's).
+            return add_saturating(due, period);
+        }
         match self {
             MissedTickBehavior::Burst => add_saturating(due, period),
-            MissedTickBehavior::Delay if late > resolution => add_saturating(now, period),
-            MissedTickBehavior::Delay => add_saturating(due, period),
+            MissedTickBehavior::Delay => add_saturating(now, period),
             MissedTickBehavior::Skip => {
                 // The first grid point strictly after now.
                 let periods = late.as_nanos() / period.as_nanos().max(1) + 1;
