@@ -13,8 +13,11 @@
 //!
 //! **Which service.** [`ShardedTimer::enter`] makes a service the current one on this
 //! thread until its guard drops; a thread whose time is paused uses its paused
-//! service; any other thread uses [`global`]. A runtime's worker threads are given a
-//! service with tokio's `Builder::on_thread_start`:
+//! service; any other thread uses [`global`]. Paused time is the paused thread's
+//! alone, not its runtime's (tokio's): a `spawn_blocking` closure of a paused runtime
+//! runs on another thread, so it reads [`global`]'s clock, the system clock (tokio's
+//! reads the paused one). A runtime's worker threads are given a service with tokio's
+//! `Builder::on_thread_start`:
 //!
 //! ```
 //! use sharded_timer::ShardedTimer;
@@ -866,6 +869,11 @@ fn start_pacer(shared: &Arc<PauseShared>) {
 /// Moves this thread's paused time forward by `duration`, fires what that made due,
 /// and yields, so that the tasks it woke run before this returns (tokio's
 /// `time::advance`). Inside a tokio runtime, tokio's clock moves by as much.
+///
+/// A timer fires once the clock reaches its deadline, to the nanosecond: a 1.5 ms
+/// sleep completes when `advance` reaches 1.5 ms (tokio's timers fire on their 1 ms
+/// tick, so tokio's completes only when it reaches 2 ms). Auto-advance moves the
+/// clock as tokio's, to 2 ms there.
 ///
 /// # Panics
 ///
