@@ -442,6 +442,8 @@ fn main() {
         }
         let started = std::time::SystemTime::now();
         let load_at_start = system::load_average();
+        // Read before the run writes anything (its charts are tracked files).
+        let commit = args.write.as_ref().map(|_| benchmarks::commit());
         // With --write, the charts go beside the file unless --plot says where.
         let plot_dir = args.plot.clone().or_else(|| {
             args.write.as_ref().map(|file| {
@@ -495,6 +497,7 @@ fn main() {
                 arguments: std::env::args().skip(1).collect(),
                 started,
                 finished: std::time::SystemTime::now(),
+                commit: commit.clone().unwrap_or_default(),
                 load: (load_at_start, system::load_average()),
                 charts: drawn,
             };

@@ -67,6 +67,9 @@ pub(crate) struct Context<'a> {
     pub(crate) started: SystemTime,
     /// See `started`.
     pub(crate) finished: SystemTime,
+    /// The commit the tree was at when the run started, and the tracked files that
+    /// differed from it then ([`commit`]: read before the run writes its charts).
+    pub(crate) commit: (String, Vec<String>),
     /// The 1-minute load average at the start and at the end.
     pub(crate) load: (Option<f64>, Option<f64>),
     /// The charts `--plot` wrote.
@@ -340,7 +343,7 @@ const SUMMARY_PEERS: [(&str, &[&str]); 4] = [
 ];
 
 /// The commit the tree is at, and the tracked files that differ from it.
-fn commit() -> (String, Vec<String>) {
+pub(crate) fn commit() -> (String, Vec<String>) {
     let run = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)
@@ -374,7 +377,7 @@ fn render(
     net: Option<&NetFigures>,
 ) -> String {
     let machine = context.machine;
-    let (head, dirty) = commit();
+    let (head, dirty) = &context.commit;
     let command = format!("cargo run --release -- {}", context.arguments.join(" "));
     let minutes = context
         .finished
