@@ -378,7 +378,7 @@ impl EntryRef {
                 if send_move {
                     // SAFETY: `finish_reset` set MOVING on this pending, undetached
                     // entry for this very message (`send_move` is true only then).
-                    unsafe { port.send_move(self.clone()) };
+                    unsafe { port.send_move(self) };
                 }
                 true
             }
@@ -417,7 +417,7 @@ impl EntryRef {
                 if filed {
                     // SAFETY: we won Pending → Cancelled with FILED set; this is the
                     // one cancel message the shard waits for.
-                    unsafe { port.send_cancel(self.clone()) };
+                    unsafe { port.send_cancel(self) };
                 }
                 Some(CancelledCallback::new(self, !running, queued))
             }
@@ -558,11 +558,11 @@ mod tests {
     #[derive(Default)]
     struct Sink(Mutex<Vec<EntryRef>>);
     impl CancelSink for Sink {
-        fn send_cancel(&self, entry: EntryRef) {
-            self.0.lock().unwrap().push(entry);
+        fn send_cancel(&self, entry: &EntryRef) {
+            self.0.lock().unwrap().push(entry.clone());
         }
-        fn send_move(&self, entry: EntryRef) {
-            self.0.lock().unwrap().push(entry);
+        fn send_move(&self, entry: &EntryRef) {
+            self.0.lock().unwrap().push(entry.clone());
         }
     }
 

@@ -652,16 +652,17 @@ impl RunSink for Arc<ShardShared> {
 }
 
 impl CancelSink for ShardShared {
-    fn send_cancel(&self, entry: EntryRef) {
-        // Direct unlinking (`direct.rs`) if the token is free; else the ring.
-        if let Err(message) = direct::take(self, Message::Cancel(entry)) {
-            self.send_message(message, Wake::IfIdle);
+    fn send_cancel(&self, entry: &EntryRef) {
+        // Direct unlinking (`direct.rs`) if the token is free; else the ring, with a
+        // reference of the message's own.
+        if !direct::take(self, direct::Taken::Cancel, entry) {
+            self.send_message(Message::Cancel(entry.clone()), Wake::IfIdle);
         }
     }
 
-    fn send_move(&self, entry: EntryRef) {
-        if let Err(message) = direct::take(self, Message::Move(entry)) {
-            self.send_message(message, Wake::Always);
+    fn send_move(&self, entry: &EntryRef) {
+        if !direct::take(self, direct::Taken::Move, entry) {
+            self.send_message(Message::Move(entry.clone()), Wake::Always);
         }
     }
 }

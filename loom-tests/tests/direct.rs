@@ -28,7 +28,7 @@
 //!   hold) instead of inside it: the read can see the shard awake, the shard's plan
 //!   can come before the filing, and the shard parks until tick 10 with the tick-5
 //!   timer in its wheel; loom reports the deadlock of the parked shard.
-//! - Model 2: `ShardCore::take_direct` unlinking a cancelled entry from the wheel
+//! - Model 2: `ShardCore::cancel_direct` unlinking a cancelled entry from the wheel
 //!   without looking at whether the turn already put it aside (as a plain
 //!   `wheel.remove` + claim): the entry the turn claimed is "removed" from a wheel that
 //!   no longer holds it, and its awaited message is never counted off: the model's

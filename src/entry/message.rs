@@ -17,14 +17,18 @@ pub enum Message {
 
 /// The shard's side of a cancel or reset: receives the message of a winning canceller
 /// whose entry was filed, or of a reset that moved an entry earlier.
+///
+/// The sender lends its own reference: a sink that queues the message clones one for
+/// it (ground rule 1); a shard that takes the message on the spot, under its token
+/// (`shard/direct.rs`), needs none, so a direct cancel costs no reference count.
 pub trait CancelSink: Sync {
     /// Delivers a cancel message; must not lose it, and must not touch the sink after
     /// publishing it (ground rule 4).
-    fn send_cancel(&self, entry: EntryRef);
+    fn send_cancel(&self, entry: &EntryRef);
     /// Delivers a move message for an entry whose deadline moved earlier; must not lose
     /// it, and must not touch the sink after publishing it (ground rule 4). The shard
     /// reads the entry's latest deadline when the message arrives, so it carries none.
-    fn send_move(&self, entry: EntryRef);
+    fn send_move(&self, entry: &EntryRef);
 }
 
 /// A handle's pointer to its shard's [`CancelSink`]. It is dereferenced only to send a
@@ -53,7 +57,7 @@ impl<S: CancelSink> CancelPort<S> {
     /// - The caller won Pending → Cancelled on `entry` with `FILED` set, so the sink
     ///   waits for exactly this message before it goes (ground rule 4), and this is
     ///   that message (sent once).
-    pub(super) unsafe fn send_cancel(&self, entry: EntryRef) {
+    pub(super) unsafe fn send_cancel(&self, entry: &EntryRef) {
         // SAFETY: by the caller's obligation the sink waits for this message, so it is
         // still at its address (`new`'s first point); a sender touches nothing of it
         // after publishing.
@@ -68,7 +72,7 @@ impl<S: CancelSink> CancelPort<S> {
     /// - The caller set `MOVING` on `entry`, pending and not detached, so the sink
     ///   waits for exactly this message before it goes (ground rule 4), and this is
     ///   that message (sent once).
-    pub(super) unsafe fn send_move(&self, entry: EntryRef) {
+    pub(super) unsafe fn send_move(&self, entry: &EntryRef) {
         // SAFETY: by the caller's obligation the sink waits for this message (ground
         // rule 4), so it is still at its address (`new`'s first point).
         let sink = unsafe { self.0.as_ref() };

@@ -219,23 +219,19 @@ impl ShardCore {
         cancelled
     }
 
-    /// Direct unlinking (`direct.rs`): takes a cancel or move message from its sender,
-    /// who holds the shard's token, exactly as the drain of the message ring would
-    /// (the second table of the ground rules). Returns the references to drop after
-    /// the token is given back: the message's, and the wheel's if a cancel unlinked
-    /// the entry.
-    pub fn take_direct(&mut self, message: Message) -> (EntryRef, Option<EntryRef>) {
-        match message {
-            Message::Cancel(entry) => {
-                ShardStats::bump(&self.shared.stats.cancelled, 1);
-                let unlinked = self.take_cancel(&entry);
-                (entry, unlinked)
-            }
-            Message::Move(entry) => {
-                self.take_move(&entry);
-                (entry, None)
-            }
-        }
+    /// Direct unlinking (`direct.rs`): takes the cancel message for `entry` from its
+    /// sender, who holds the shard's token, exactly as the drain of the message ring
+    /// would (the second table of the ground rules). Returns the wheel's reference if
+    /// the entry was in the wheel, to be dropped after the token is given back.
+    pub fn cancel_direct(&mut self, entry: &EntryRef) -> Option<EntryRef> {
+        ShardStats::bump(&self.shared.stats.cancelled, 1);
+        self.take_cancel(entry)
+    }
+
+    /// Direct moving (`direct.rs`): takes the move message for `entry` from its
+    /// sender, who holds the shard's token, as the drain of the message ring would.
+    pub fn move_direct(&mut self, entry: &EntryRef) {
+        self.take_move(entry);
     }
 
     /// Processes cancel and move messages (the second table of the ground rules);

@@ -27,7 +27,8 @@
 //! # Ground rules
 //!
 //! - **Same core, same bookkeeping.** A direct operation is `ShardCore::file_direct`
-//!   or `ShardCore::take_direct`: the drain's code for one entry or message, with
+//!   or `ShardCore::cancel_direct` / `move_direct`: the drain's code for one entry or
+//!   message, with
 //!   its counters (`filed_direct`, `cancelled`), its awaited messages (entry ground
 //!   rule 4) and the entry's service reference, all under the token. `max_pending`
 //!   room is taken and freed by the caller as on the ring path.
@@ -37,7 +38,7 @@
 //!   that holds a token and reaches a direct operation (none does: the core runs no
 //!   user code) would fall back to the ring rather than deadlock.
 //! - **No user code under the token.** References a direct operation gives up (a
-//!   cancelled entry's service reference, the message's, the wheel's) are dropped
+//!   cancelled entry's service reference, the wheel's) are dropped
 //!   after the token is given back, and the callback of a winning cancel is dropped by
 //!   its canceller after that (entry ground rule 2); dropping an entry's reference
 //!   under the token could never run user code anyway (the canceller's own reference
@@ -83,7 +84,7 @@ use super::custody::Custody;
 use super::shard_loop::InCustody;
 use super::ShardShared;
 use crate::clock::Tick;
-use crate::entry::{EntryRef, Message};
+use crate::entry::EntryRef;
 use crate::sync::{Arc, AtomicPtr, Ordering};
 
 /// What a producer keeps to file onto one shard directly: its custody.
@@ -153,44 +154,56 @@ fn file(
     }
 }
 
-/// A cancel or move message taken by its sender under `shard`'s token if it is free
-/// and the core there (ground rules); the message comes back otherwise, to be sent.
-pub(super) fn take(shard: &ShardShared, message: Message) -> Result<(), Message> {
+/// Which message a sender takes itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Taken {
+    /// A winning cancel's.
+    Cancel,
+    /// An earlier reset's.
+    Move,
+}
+
+/// Takes the `kind` message for `entry` under `shard`'s token if it is free and the
+/// core there (ground rules), lending the sender's own reference: returns whether it
+/// did; if not, the caller sends the message.
+pub(super) fn take(shard: &ShardShared, kind: Taken, entry: &EntryRef) -> bool {
     // SAFETY: the caller owes `shard` this message (entry ground rule 4), so the shard
     // has not finished its shutdown, and whoever put its core in custody keeps the
     // custody until it has (`CustodySlot::set`'s contract).
     let Some(custody) = (unsafe { shard.custody.get() }) else {
-        return Err(message);
+        return false;
     };
-    let mut message = Some(message);
     let taken = custody.try_with(|held| {
         let core = held.core_mut()?;
-        let message = message.take().expect("taken once");
-        let moved = matches!(message, Message::Move(_));
-        let (entry, unlinked) = core.take_direct(message);
+        let unlinked = match kind {
+            Taken::Cancel => core.cancel_direct(entry),
+            Taken::Move => {
+                core.move_direct(entry);
+                None
+            }
+        };
         // A move makes the entry due earlier (filed, or still in the insert ring, whose
         // push judged the wake-up by the old deadline): as a filer does, read the
         // published wake-up inside our hold, and take the thread's handle before we give
         // the token back, our last access to the shard (ground rules: lifetimes).
         // ORDERING: Relaxed: ordered by the token, as in `file`.
         let sleeps_until = Tick::new(shard.next_wake.load(Ordering::Relaxed));
-        let wake_up = (moved && core.due_tick(&entry) < sleeps_until)
+        let wake_up = (kind == Taken::Move && core.due_tick(entry) < sleeps_until)
             .then(|| shard.thread.get())
             .flatten();
         shard.canary.touch();
-        Some((entry, unlinked, wake_up))
+        Some((unlinked, wake_up))
     });
     match taken.flatten() {
-        Some((entry, unlinked, wake_up)) => {
+        Some((unlinked, wake_up)) => {
             // After the token is given back (ground rules: no user code under it).
             drop(unlinked);
-            drop(entry);
             if let Some(shard_thread) = wake_up {
                 shard_thread.unpark();
             }
-            Ok(())
+            true
         }
-        None => Err(message.expect("not taken: the token was held or the core gone")),
+        None => false,
     }
 }
 
