@@ -1273,7 +1273,7 @@ fn core_hopping_producers_keep_exactly_once() {
 /// meanwhile a thread on core 0 schedules 20 timers 5 ms ahead, one every 5 ms, onto
 /// that shard. Each fires never early and within 150 ms (rescue), not after 400 ms.
 #[test]
-#[ignore = "FAILS: a timer scheduled onto a shard stuck in an inline callback waits for the callback, not rescue_after (also before direct filing)"]
+
 fn timers_filed_into_a_stuck_shard_are_rescued_on_time() {
     if cores() < 2 {
         eprintln!("skipped: fewer than 2 cores");
@@ -1674,7 +1674,7 @@ fn lateness_of_a_timer_filed_into_a_stuck_shard(far: bool) -> Duration {
 }
 
 #[test]
-#[ignore = "FAILS: a timer scheduled onto a shard stuck in an inline callback waits for the callback, not rescue_after (also before direct filing)"]
+
 fn timer_filed_into_a_stuck_shard_with_an_empty_wheel_is_rescued() {
     if cores() < 2 {
         return;
@@ -1687,7 +1687,7 @@ fn timer_filed_into_a_stuck_shard_with_an_empty_wheel_is_rescued() {
 }
 
 #[test]
-#[ignore = "FAILS: a timer scheduled onto a shard stuck in an inline callback waits for the callback, not rescue_after (also before direct filing)"]
+
 fn timer_filed_into_a_stuck_shard_holding_a_far_timer_is_rescued() {
     if cores() < 2 {
         return;

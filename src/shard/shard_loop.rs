@@ -490,7 +490,16 @@ impl Watch {
     fn horizon(&self, now: Tick) -> Tick {
         if let Some((progress, next)) = self.stuck {
             if self.link.shared.progress() == progress {
-                return next;
+                // Still stuck. What it had due is rescued up to `next`; a timer filed
+                // into it since (directly, or through its ring) wakes nobody, since
+                // its owner counts as awake: look again every `rescue_after` while it
+                // stays stuck (a stuck shard is not idle; an idle service still makes
+                // no wake-ups).
+                return next.min(Tick::new(
+                    now.get()
+                        .saturating_add(self.rescue_after)
+                        .min(Tick::NEVER.get() - 1),
+                ));
             }
         }
         let from = self.stuck_from(now);
