@@ -157,7 +157,7 @@ fn place<F: FnOnce() + Send + 'static>(
     shard: usize,
     mut make: impl FnMut() -> F,
 ) -> TimerHandle {
-    for _ in 0..200 {
+    for attempt in 0..200 {
         let mut before = Vec::new();
         assert!(wait_until(WAIT, || {
             let s = timer.stats();
@@ -165,7 +165,22 @@ fn place<F: FnOnce() + Send + 'static>(
             s.in_rings == 0
         }));
         let total: u64 = before.iter().sum();
-        let handle = timer.schedule(Duration::from_secs(3600), make()).unwrap();
+        // New timers go to the shard of the caller's core: schedule each try from a
+        // thread pinned to the next core in turn (the hash of the id where the core
+        // is unknown, which the retries cover as well).
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let callback = make();
+        let handle = thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    if !cores.is_empty() {
+                        core_affinity::set_for_current(cores[attempt % cores.len()]);
+                    }
+                    timer.schedule(Duration::from_secs(3600), callback).unwrap()
+                })
+                .join()
+                .unwrap()
+        });
         let mut after = Vec::new();
         assert!(
             wait_until(WAIT, || {
