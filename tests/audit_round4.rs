@@ -1026,14 +1026,20 @@ fn wake_that_repolls_synchronously() {
     struct Repoll {
         sleep: Mutex<Option<Pin<Box<sharded_timer::Sleep>>>>,
         ready: AtomicBool,
-        me: OnceLock<Waker>,
+        // Its own waker; cleared at the end (a self-reference: LeakSanitizer).
+        me: Mutex<Option<Waker>>,
     }
     impl Wake for Repoll {
         fn wake(self: Arc<Self>) {
             self.wake_by_ref();
         }
         fn wake_by_ref(self: &Arc<Self>) {
-            let waker = self.me.get().unwrap().clone();
+            let waker = self
+                .me
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("set before the first poll");
             let mut cx = Context::from_waker(&waker);
             if let Some(s) = self.sleep.lock().unwrap().as_mut() {
                 if s.as_mut().poll(&mut cx).is_ready() {
@@ -1053,10 +1059,10 @@ fn wake_that_repolls_synchronously() {
                 let task = Arc::new(Repoll {
                     sleep: Mutex::new(Some(Box::pin(timer.sleep(Duration::from_millis(1 + i))))),
                     ready: AtomicBool::new(false),
-                    me: OnceLock::new(),
+                    me: Mutex::new(None),
                 });
                 let waker = Waker::from(task.clone());
-                let _ = task.me.set(waker.clone());
+                *task.me.lock().unwrap() = Some(waker.clone());
                 task.wake_by_ref();
                 task
             })
@@ -1067,8 +1073,9 @@ fn wake_that_repolls_synchronously() {
             leak_and_fail(timer, "a synchronously re-polled sleep never completed");
         }
         for t in &tasks {
-            // Break the waker cycle.
+            // Break the waker cycles.
             *t.sleep.lock().unwrap() = None;
+            *t.me.lock().unwrap() = None;
         }
         let leftover = bounded(WAIT, move || timer.shutdown().len());
         assert_eq!(leftover, Some(0));
@@ -1083,14 +1090,20 @@ fn interval_repolled_from_its_own_wake_ticks_in_order_never_early() {
     struct Ticker {
         interval: Mutex<Option<sharded_timer::Interval>>,
         ticks: Mutex<Vec<(Instant, Instant)>>,
-        me: OnceLock<Waker>,
+        // Its own waker; cleared at the end (a self-reference: LeakSanitizer).
+        me: Mutex<Option<Waker>>,
     }
     impl Wake for Ticker {
         fn wake(self: Arc<Self>) {
             self.wake_by_ref();
         }
         fn wake_by_ref(self: &Arc<Self>) {
-            let waker = self.me.get().unwrap().clone();
+            let waker = self
+                .me
+                .lock()
+                .unwrap()
+                .clone()
+                .expect("set before the first poll");
             let mut cx = Context::from_waker(&waker);
             let mut guard = self.interval.lock().unwrap();
             if let Some(iv) = guard.as_mut() {
@@ -1112,9 +1125,9 @@ fn interval_repolled_from_its_own_wake_ticks_in_order_never_early() {
         let task = Arc::new(Ticker {
             interval: Mutex::new(Some(timer.interval(Duration::from_millis(2)))),
             ticks: Mutex::default(),
-            me: OnceLock::new(),
+            me: Mutex::new(None),
         });
-        let _ = task.me.set(Waker::from(task.clone()));
+        *task.me.lock().unwrap() = Some(Waker::from(task.clone()));
         task.wake_by_ref();
         if !wait_until(WAIT, || task.ticks.lock().unwrap().len() >= 30) {
             leak_and_fail(timer, "interval stalled");
@@ -1127,6 +1140,7 @@ fn interval_repolled_from_its_own_wake_ticks_in_order_never_early() {
             assert!(at >= due, "tick completed early");
         }
         *task.interval.lock().unwrap() = None;
+        *task.me.lock().unwrap() = None;
         let leftover = bounded(WAIT, move || timer.shutdown().len());
         assert_eq!(leftover, Some(0));
     }
