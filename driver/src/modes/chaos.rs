@@ -59,7 +59,7 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -1565,7 +1565,11 @@ fn config(phase: u64, rng: &mut Rng) -> Config {
 
 /// The spawner's threads: run each callback handed over until `stop` and the queue is
 /// empty.
-fn spawner_thread(queue: Arc<Mutex<mpsc::Receiver<Callback>>>, stop: Arc<AtomicBool>) {
+fn spawner_thread(
+    queue: Arc<Mutex<mpsc::Receiver<Callback>>>,
+    stop: Arc<AtomicBool>,
+    with_spawner: Arc<Mutex<HashSet<TimerId>>>,
+) {
     loop {
         let next = queue
             .lock()
@@ -1580,7 +1584,12 @@ fn spawner_thread(queue: Arc<Mutex<mpsc::Receiver<Callback>>>, stop: Arc<AtomicB
                         callback.id()
                     ));
                 }
+                let id = callback.id();
                 callback.run();
+                with_spawner
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
             }
             // ORDERING: Relaxed: a stop flag; set after shutdown returned.
             Err(mpsc::RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
@@ -1618,6 +1627,10 @@ fn phase(number: u64, config: Config, length: Duration, threads: usize, seed: u6
     let spawned = config.callbacks == Where::Spawner;
     let (sender, receiver) = mpsc::channel::<Callback>();
     let spawner_stop = Arc::new(AtomicBool::new(false));
+    // The timers whose run is with the spawner (handed over, its `run()` not yet
+    // returned): at shutdown such a run of a repeating timer is its last (documented
+    // on `Callbacks::spawn`), which `account_records` accepts.
+    let with_spawner: Arc<Mutex<HashSet<TimerId>>> = Arc::default();
     let mut spawners = Vec::new();
     builder = match config.callbacks {
         Where::Pool => builder.callbacks(Callbacks::pool(config.pool_threads)),
@@ -1625,16 +1638,21 @@ fn phase(number: u64, config: Config, length: Duration, threads: usize, seed: u6
         Where::Spawner => {
             let receiver = Arc::new(Mutex::new(receiver));
             for k in 0..2 {
-                let (receiver, stop) = (receiver.clone(), spawner_stop.clone());
+                let (receiver, stop, with) =
+                    (receiver.clone(), spawner_stop.clone(), with_spawner.clone());
                 spawners.push(
                     std::thread::Builder::new()
                         .name(format!("chaos-spawn{k}"))
-                        .spawn(move || spawner_thread(receiver, stop))
+                        .spawn(move || spawner_thread(receiver, stop, with))
                         .expect("a spawner thread"),
                 );
             }
             let sender = Mutex::new(sender);
+            let with = with_spawner.clone();
             builder.callbacks(Callbacks::spawn(move |callback| {
+                with.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(callback.id());
                 let sent = sender
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -1717,6 +1735,7 @@ fn phase(number: u64, config: Config, length: Duration, threads: usize, seed: u6
     if config.abrupt {
         stage(format!("phase {number} ({config}): shutdown under load"));
         Record::set(&shared.shutting_down);
+        mark_runs_with_the_spawner(&shared, &with_spawner);
         unfired = timer.shutdown();
         Record::set(&shared.shut_down);
         // ORDERING: Relaxed: a stop flag; the joins order the rest.
@@ -1741,6 +1760,7 @@ fn phase(number: u64, config: Config, length: Duration, threads: usize, seed: u6
         expected_unfired = Some(quiesce(number, &config, &timer, &shared));
         stage(format!("phase {number} ({config}): shutdown at quiescence"));
         Record::set(&shared.shutting_down);
+        mark_runs_with_the_spawner(&shared, &with_spawner);
         unfired = timer.shutdown();
         Record::set(&shared.shut_down);
     }
@@ -1911,6 +1931,23 @@ fn account_unfired(shared: &Arc<Shared>, unfired: Vec<sharded_timer::Unfired>, s
             if !run {
                 Shared::count(&shared.caught);
             }
+        }
+    }
+}
+
+/// Marks the timers whose run is with the spawner as shutdown begins (after
+/// `shutting_down` is set: a run handed over later starts late and marks itself).
+fn mark_runs_with_the_spawner(shared: &Shared, with_spawner: &Mutex<HashSet<TimerId>>) {
+    let with = with_spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if with.is_empty() {
+        return;
+    }
+    for record in shared.records() {
+        if record.id.get().is_some_and(|id| with.contains(id)) {
+            Record::set(&record.late_run);
         }
     }
 }
