@@ -816,15 +816,7 @@ fn follow_tokio(shared: &Arc<PauseShared>, tokio_paused: bool) {
 ///
 /// If time is not paused on this thread (as tokio's).
 pub fn resume() {
-    discard_ended_pause();
-    let shared = PAUSED.with(|paused| {
-        let paused = paused.borrow();
-        let paused = paused.as_ref().filter(|paused| paused.shared.lock().frozen);
-        let Some(paused) = paused else {
-            panic!("time is not frozen");
-        };
-        paused.shared.clone()
-    });
+    let shared = frozen_pause();
     let mut state = shared.lock();
     state.frozen = false;
     match state.pace {
@@ -879,15 +871,7 @@ fn start_pacer(shared: &Arc<PauseShared>) {
 ///
 /// If time is not paused on this thread (as tokio's).
 pub async fn advance(duration: Duration) {
-    discard_ended_pause();
-    let shared = PAUSED.with(|paused| {
-        let paused = paused.borrow();
-        let paused = paused.as_ref().filter(|paused| paused.shared.lock().frozen);
-        let Some(paused) = paused else {
-            panic!("time is not frozen");
-        };
-        paused.shared.clone()
-    });
+    let shared = frozen_pause();
     #[cfg(feature = "tokio")]
     if matches!(shared.lock().pace, Pace::Tokio { .. }) {
         tokio::time::advance(duration).await;
@@ -897,6 +881,23 @@ pub async fn advance(duration: Duration) {
     }
     shared.clock.advance(duration);
     YieldNow(false).await;
+}
+
+/// This thread's paused time, frozen (`resume` and `advance` need it so).
+///
+/// # Panics
+///
+/// If time is not paused on this thread (as tokio's).
+fn frozen_pause() -> Arc<PauseShared> {
+    discard_ended_pause();
+    PAUSED.with(|paused| {
+        let paused = paused.borrow();
+        let paused = paused.as_ref().filter(|paused| paused.shared.lock().frozen);
+        let Some(paused) = paused else {
+            panic!("time is not frozen");
+        };
+        paused.shared.clone()
+    })
 }
 
 /// Completes at its second poll, waking its task at the first: the task goes to the
