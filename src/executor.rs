@@ -553,7 +553,7 @@ fn wait_for_work<T>(shared: &Shared<T>) -> bool {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{Executor, Task};
+    use super::{thread_name, Executor, Task};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -584,5 +584,24 @@ mod tests {
         }
         assert_eq!(ran.load(Ordering::SeqCst), 1000);
         assert_eq!(executor.panicked(), 1);
+    }
+
+    #[test]
+    fn thread_names_fit_in_fifteen_bytes_and_keep_their_role_and_index() {
+        assert_eq!(thread_name("timer", 's', 0), "timer-s0");
+        assert_eq!(thread_name("timer", 'w', 15), "timer-w15");
+        // The prefix is cut, never the role and index.
+        assert_eq!(thread_name("request-timeouts", 's', 3), "request-time-s3");
+        assert_eq!(thread_name("request-timeouts", 'w', 127), "request-ti-w127");
+        // At a character boundary: "é" is two bytes and would straddle byte 12.
+        assert_eq!(thread_name("aaaaaaaaaaaé", 's', 1), "aaaaaaaaaaa-s1");
+        assert_eq!(thread_name("", 's', 1), "-s1");
+        for index in [0, 9, 10, 99, 100, 9_999, usize::MAX] {
+            for prefix in ["", "t", "sharded-timer", "ééééééééééééééé"] {
+                let name = thread_name(prefix, 'w', index);
+                assert!(name.len() <= 15 || index == usize::MAX, "{name}");
+                assert!(name.ends_with(&format!("-w{index}")), "{name}");
+            }
+        }
     }
 }
