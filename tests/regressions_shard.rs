@@ -79,7 +79,9 @@ fn rescued_callback_meets_full_rings(what: Rescued) -> (Vec<Option<Duration>>, O
         }
     };
     let victims: Arc<Mutex<Vec<TimerHandle>>> = Arc::default();
-    let waited: Arc<Mutex<Option<Duration>>> = Arc::default();
+    // `None` until the stuck callback's wait has ended; then how long it waited, or
+    // `None` if its own timer's signal did not come within 3 s.
+    let waited: Arc<Mutex<Option<Option<Duration>>>> = Arc::default();
     let expected = match what {
         Rescued::Cancels => 2,
         Rescued::ResetsEarlier => 2 + VICTIMS,
@@ -123,9 +125,11 @@ fn rescued_callback_meets_full_rings(what: Rescued) -> (Vec<Option<Duration>>, O
             timer
                 .schedule_at(at(40), move || {
                     let began = Instant::now();
-                    if signalled.recv_timeout(Duration::from_secs(3)).is_ok() {
-                        *waited.lock().unwrap() = Some(began.elapsed());
-                    }
+                    let outcome = signalled
+                        .recv_timeout(Duration::from_secs(3))
+                        .ok()
+                        .map(|()| began.elapsed());
+                    *waited.lock().unwrap() = Some(outcome);
                 })
                 .expect("the stuck callback");
             let rescued_deadline = at(60);
@@ -160,11 +164,15 @@ fn rescued_callback_meets_full_rings(what: Rescued) -> (Vec<Option<Duration>>, O
         .join()
         .expect("the scheduling thread");
     }
+    // Both: every timer fired, and the stuck callback has recorded its wait. (The
+    // own timer's callback records its lateness before it signals, so reading
+    // `waited` as soon as every timer has fired raced the stuck callback's record:
+    // under AddressSanitizer's slowdown it lost about 2 runs in 5.)
     let all_fired = wait_until(Duration::from_secs(10), || {
-        lateness.lock().unwrap().iter().all(Option::is_some)
+        lateness.lock().unwrap().iter().all(Option::is_some) && waited.lock().unwrap().is_some()
     });
     let lateness = lateness.lock().unwrap().clone();
-    let waited = *waited.lock().unwrap();
+    let waited = waited.lock().unwrap().flatten();
     if all_fired {
         assert!(timer.shutdown().is_empty(), "nothing left pending");
     }
