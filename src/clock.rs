@@ -141,6 +141,9 @@ pub(crate) struct Clock {
     /// The service's tick ([`Builder::tick`](crate::Builder::tick)), whatever its
     /// wheel's ticks: what counts as late (`Interval`'s missed ticks).
     resolution: Duration,
+    /// [`Nanos::FAR_FUTURE`] as an instant, computed once: every future's deadline is
+    /// clamped to it.
+    far_future: Instant,
 }
 
 impl Clock {
@@ -175,6 +178,7 @@ impl Clock {
             start,
             ticks: Ticks::new(tick_ns),
             resolution: Duration::from_nanos(tick_ns.max(1)),
+            far_future: instant_after(start, Nanos::FAR_FUTURE),
         }
     }
 
@@ -196,7 +200,7 @@ impl Clock {
     /// The far future: where every deadline too far to count saturates
     /// ([`Nanos::FAR_FUTURE`] after tick 0), and where a manual clock saturates.
     pub(crate) fn far_future(&self) -> Instant {
-        self.ns_to_instant(Nanos::FAR_FUTURE)
+        self.far_future
     }
 
     /// Nanoseconds from tick 0 to `deadline` (see [`ns_since`]).

@@ -70,8 +70,15 @@ pub struct Sleep {
     /// The home of the core the sleep was made on: keeps the service alive and
     /// (re-)arms the timer on that core's shard.
     home: SleepHome,
-    /// The deadline asked for.
+    /// The deadline asked for; while `unfixed` is `Some`, the latest it can be.
     deadline: Instant,
+    /// For a `timeout(d, f)`'s sleep until its first poll, `d` in nanoseconds: its
+    /// deadline is then fixed at the earlier of `deadline` (an upper bound on the time
+    /// it was made, plus `d`) and the precise now plus `d`. Both are at or after the
+    /// time it was made plus `d`, so never early; and the precise clock is read only by
+    /// a timeout whose future was pending at its first poll. [`FIXED`] otherwise (a
+    /// `u64`, not an `Option<Duration>`: 8 bytes less in every future that holds one).
+    unfixed: u64,
     /// The timer, once armed: at creation, or on the first poll for a `Timeout`'s.
     armed: Option<Armed>,
 }
@@ -95,6 +102,11 @@ impl Armed {
         if home.is_past(deadline) {
             return Armed::Elapsed;
         }
+        Armed::ahead(home, deadline, holds_room)
+    }
+
+    /// As [`new`](Self::new), for a `deadline` known to be after the service's now.
+    fn ahead(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
         match home.schedule_sleep(deadline, holds_room) {
             Ok(handle) => {
                 // A paused thread's mirror looks for the earliest timer again.
@@ -183,6 +195,7 @@ impl Sleep {
             armed,
             home,
             deadline,
+            unfixed: FIXED,
         }
     }
 
@@ -193,8 +206,58 @@ impl Sleep {
         Sleep {
             deadline: saturated(&home, deadline),
             home,
+            unfixed: FIXED,
             armed: None,
         }
+    }
+
+    /// A sleep of `delay` whose timer is scheduled on its first poll, counted from
+    /// then or from when it was made, whichever is earlier (see the field `unfixed`):
+    /// `timeout(delay, f)`'s. Reads no precise clock where the service's clock has a
+    /// cheaper upper bound on now (the system clock's coarse one); a manual clock's
+    /// deadline is exact at once.
+    pub(crate) fn unarmed_after(timer: &ShardedTimer, delay: std::time::Duration) -> Sleep {
+        let home = timer.sleep_home();
+        let (latest, unfixed) = match home.latest_now() {
+            // A delay beyond `FIXED - 1` ns (584 years) saturates at the far future
+            // (292 years) from either bound, as the whole delay would.
+            Some(latest) => (
+                latest,
+                u64::try_from(delay.as_nanos()).map_or(FIXED - 1, |ns| ns.min(FIXED - 1)),
+            ),
+            None => (home.now(), FIXED),
+        };
+        let far_future = home.clock().far_future();
+        Sleep {
+            deadline: latest
+                .checked_add(delay)
+                .map_or(far_future, |deadline| deadline.min(far_future)),
+            home,
+            unfixed,
+            armed: None,
+        }
+    }
+
+    /// Arms the sleep (its first poll, or a `Timeout`'s first poll at which its future
+    /// was pending): fixes an unfixed deadline from the precise now, then schedules
+    /// the timer unless the deadline has passed.
+    fn arm(&mut self) -> &Armed {
+        let unfixed = std::mem::replace(&mut self.unfixed, FIXED);
+        let armed = match unfixed {
+            FIXED => Armed::new(&self.home, self.deadline, false),
+            delay => {
+                let now = self.home.now();
+                if let Some(from_now) = now.checked_add(std::time::Duration::from_nanos(delay)) {
+                    self.deadline = self.deadline.min(from_now);
+                }
+                if self.deadline <= now {
+                    Armed::Elapsed
+                } else {
+                    Armed::ahead(&self.home, self.deadline, false)
+                }
+            }
+        };
+        self.armed.insert(armed)
     }
 
     /// The service's now.
@@ -220,7 +283,8 @@ impl Sleep {
     }
 
     /// The deadline asked for (not rounded to the tick): the last
-    /// [`reset`](Self::reset)'s, if any. A `std::time::Instant` (tokio's returns its
+    /// [`reset`](Self::reset)'s, if any. (A [`Timeout`]'s, made with a delay, is fixed
+    /// at its first poll: see [`Timeout::deadline`].) A `std::time::Instant` (tokio's returns its
     /// own `Instant`): a [`time::Instant`](crate::time::Instant) compares with it as
     /// it stands, and it converts into one with `.into()`. A deadline beyond the
     /// service clock's far future (about 292 years after its start; `Duration::MAX`
@@ -273,6 +337,7 @@ impl Sleep {
         let this = self.get_mut();
         let deadline = saturated(&this.home, deadline);
         this.deadline = deadline;
+        this.unfixed = FIXED;
         let Some(armed) = &this.armed else {
             return; // armed on the first poll, for the new deadline
         };
@@ -295,6 +360,9 @@ impl Sleep {
     }
 }
 
+/// [`Sleep`]'s `unfixed` when its deadline is fixed.
+const FIXED: u64 = u64::MAX;
+
 /// `deadline`, or the service clock's far future if it is later: where every later
 /// deadline saturates, so that a deadline a sleep reports is one its clock can reach
 /// (a [`ManualClock`](crate::ManualClock)'s `advance(Duration::MAX)` does).
@@ -307,11 +375,9 @@ impl Future for Sleep {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        let armed = match &this.armed {
-            Some(armed) => armed,
-            None => this
-                .armed
-                .insert(Armed::new(&this.home, this.deadline, false)),
+        let armed = match this.armed {
+            Some(ref armed) => armed,
+            None => this.arm(),
         };
         armed.poll(cx)
     }
@@ -377,10 +443,13 @@ pin_project_lite::pin_project! {
     ///
     /// Resolves to `Ok(output)` if `F` completes first (a future that is ready at its
     /// first poll passes straight through, even if the deadline is already past), or
-    /// `Err(Elapsed)` once the deadline passes. The deadline is fixed when the
-    /// `Timeout` is made; its timer is scheduled lazily, on the first poll at which `F`
-    /// is not ready (as tokio's), so a future that completes on its first poll costs no
-    /// timer at all. `F` is stored inline, not boxed: `Timeout<F>` is `Unpin` exactly
+    /// `Err(Elapsed)` once the deadline passes. Its timer is scheduled lazily, on the
+    /// first poll at which `F` is not ready (as tokio's), so a future that completes on
+    /// its first poll costs no timer and no read of the precise clock. A deadline
+    /// given as an instant (`timeout_at`) is that instant; one given as a delay `d`
+    /// (`timeout`) is fixed at that first pending poll: `d` after the time the
+    /// `Timeout` was made, never earlier, and at most a few kernel ticks later (see
+    /// [`deadline`](Timeout::deadline)). `F` is stored inline, not boxed: `Timeout<F>` is `Unpin` exactly
     /// when `F` is, and `Send` when `F` is. Dropping it drops `F` and cancels the
     /// timer. If the service shuts down first, or refused the timer, it resolves to
     /// `Err` at once rather than hang, with [`Elapsed::refused`] saying why (the
@@ -402,7 +471,15 @@ impl<F> Timeout<F> {
         Timeout { future, sleep }
     }
 
-    /// The deadline.
+    /// The deadline: for `timeout_at`, the instant asked for. For `timeout(d, f)` on
+    /// the system clock it is fixed at the first poll at which `f` is pending, as the
+    /// earlier of the precise now plus `d` and an upper bound on the time the
+    /// `Timeout` was made (the coarse clock's: at most its calibration's width plus
+    /// four kernel ticks late, about 16 ms on a 250 Hz kernel) plus `d`; so it is
+    /// never before the time it was made plus `d`. Until then this returns the latest
+    /// it can be (the second of the two), which that poll may move earlier. On a
+    /// [`ManualClock`](crate::ManualClock) (and under paused time) it is exactly the
+    /// time it was made plus `d`.
     pub fn deadline(&self) -> Instant {
         self.sleep.deadline()
     }
@@ -503,10 +580,7 @@ impl ShardedTimer {
     ///
     /// Never.
     pub fn timeout<F: IntoFuture>(&self, d: std::time::Duration, f: F) -> Timeout<F::IntoFuture> {
-        Timeout::new(
-            f.into_future(),
-            Sleep::unarmed(self, self.deadline_after(d)),
-        )
+        Timeout::new(f.into_future(), Sleep::unarmed_after(self, d))
     }
 
     /// Runs `f` with the deadline `deadline`: as [`timeout`](Self::timeout), with an

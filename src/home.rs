@@ -111,6 +111,12 @@ impl<K: Clone> CoreHome<K> {
         self.time.now()
     }
 
+    /// An instant at or after the service's now, where one is cheaper than
+    /// [`now`](Self::now) (`TimeSource::latest_now`).
+    pub(crate) fn latest_now(&self) -> Option<Instant> {
+        self.time.latest_now()
+    }
+
     /// Whether `deadline` is at or before the service's now (cheaply: `coarse.rs`).
     pub(crate) fn is_past(&self, deadline: Instant) -> bool {
         self.time.is_past(deadline)

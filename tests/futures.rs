@@ -233,3 +233,93 @@ fn the_service_shuts_down_when_its_last_clone_and_its_last_sleep_are_gone() {
         );
     }
 }
+
+/// A future pending at every poll.
+struct NeverReady;
+
+impl Future for NeverReady {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+/// `timeout(d, f)` fixes its deadline at its first pending poll, from the coarse
+/// clock's upper bound on the time it was made or the precise now, whichever is
+/// earlier: never before the time it was made plus `d`, never after the latest the
+/// deadline read before the poll, and at most a generous 2 s late when it fires.
+/// Before that poll the deadline is the upper bound, which reads no precise clock: on
+/// Linux it is after any precise reading taken once the timeout was made, plus `d`
+/// (a deadline read from the precise clock at creation could not be).
+#[test]
+fn a_timeout_fixes_its_deadline_at_its_first_pending_poll_never_early() {
+    const LATE: Duration = Duration::from_secs(2);
+    let timer = small_timer();
+    let d = Duration::from_millis(40);
+    for wait_before_poll in [
+        Duration::ZERO,
+        Duration::from_millis(10),
+        Duration::from_millis(60),
+    ] {
+        let made = Instant::now();
+        let mut timeout = pin!(timer.timeout(d, NeverReady));
+        let after_made = Instant::now();
+        let latest = timeout.deadline();
+        assert!(
+            latest >= after_made + d,
+            "{wait_before_poll:?}: the bound is before now"
+        );
+        if cfg!(target_os = "linux") {
+            assert!(
+                latest > after_made + d,
+                "{wait_before_poll:?}: the unfixed deadline came from the precise clock"
+            );
+        }
+        std::thread::sleep(wait_before_poll);
+        let waker = Arc::new(NoWake).into();
+        let polled = timeout.as_mut().poll(&mut Context::from_waker(&waker));
+        let after_poll = Instant::now();
+        let fixed = timeout.deadline();
+        assert!(fixed >= made + d, "{wait_before_poll:?}: fixed early");
+        assert!(
+            fixed <= latest,
+            "{wait_before_poll:?}: the poll moved it later"
+        );
+        assert!(
+            fixed <= after_poll + d,
+            "{wait_before_poll:?}: later than the poll's now"
+        );
+        match polled {
+            Poll::Pending => {
+                let result = block_on(timeout.as_mut());
+                let at = Instant::now();
+                assert!(result.is_err(), "never ready: it elapses");
+                assert!(
+                    at >= fixed,
+                    "{wait_before_poll:?}: elapsed before its deadline"
+                );
+                assert!(
+                    at - fixed < LATE,
+                    "{wait_before_poll:?}: {:?} late",
+                    at - fixed
+                );
+            }
+            Poll::Ready(result) => {
+                // Only if the deadline had passed by the first poll.
+                assert!(result.is_err());
+                assert!(
+                    after_poll >= fixed,
+                    "ready at once only when past its deadline"
+                );
+            }
+        }
+    }
+    assert!(timer.shutdown().is_empty());
+}
+
+/// A waker that does nothing.
+struct NoWake;
+
+impl Wake for NoWake {
+    fn wake(self: Arc<Self>) {}
+}

@@ -20,6 +20,13 @@
 //! `Instant`, and keeps the tightest, so that a preempted pair does not leave the
 //! estimate needlessly far behind.
 //!
+//! **Never behind by more than the calibration's width plus the margin.** The other
+//! way round, `t₃ − m = (t − ib) − L + L₃ ≤ w + L₃`, where `w` is the width of the
+//! chosen pair (`t − ib ≤ w`: the coarse read came at most `w` after `ib`) and
+//! `L₃ < J`. So `m + w + 4J` is at or after the true now: [`latest_now`], an upper bound
+//! on now that costs one coarse read, which a `Timeout` takes when it is made, so
+//! that one whose future is ready at its first poll never reads the precise clock.
+//!
 //! [`Coarse::is_past`] answers from `m` only outside a margin of [`MARGIN_TICKS`] × `J`
 //! on either side (four times what the bound needs, for a kernel that updates its
 //! coarse time a tick or more late) and reads `Instant` inside it. So "past" is said
@@ -50,6 +57,9 @@ struct Coarse {
     instant_base: Instant,
     /// `MARGIN_TICKS` × the coarse resolution.
     margin: Duration,
+    /// How far from `instant_base` the true time of the coarse reading may be: the
+    /// chosen pair's width (module docs), plus `margin`: what [`latest_now`] adds.
+    behind: Duration,
 }
 
 impl Coarse {
@@ -75,21 +85,33 @@ impl Coarse {
                 tightest = Some((width, coarse, before));
             }
         }
-        let (_, coarse_base, instant_base) = tightest?;
+        let (width, coarse_base, instant_base) = tightest?;
+        let margin = resolution.checked_mul(MARGIN_TICKS)?;
         Some(Coarse {
             coarse_base,
             instant_base,
-            margin: resolution.checked_mul(MARGIN_TICKS)?,
+            margin,
+            behind: width.checked_add(margin)?,
         })
+    }
+
+    /// The coarse estimate of now (module docs: `m`), or `None` if it does not fit.
+    fn estimate(&self) -> Option<Instant> {
+        coarse_monotonic(false)
+            .and_then(|coarse| coarse.checked_sub(self.coarse_base))
+            .and_then(|since| self.instant_base.checked_add(since))
+    }
+
+    /// An instant at or after now (module docs: `m + w + 4J`), from the coarse clock
+    /// alone.
+    fn latest_now(&self) -> Option<Instant> {
+        self.estimate()?.checked_add(self.behind)
     }
 
     /// Whether `deadline` is at or before now: from the coarse clock when it is
     /// plainly so or plainly not, from `Instant::now()` otherwise.
     fn is_past(&self, deadline: Instant) -> bool {
-        let estimate = coarse_monotonic(false)
-            .and_then(|coarse| coarse.checked_sub(self.coarse_base))
-            .and_then(|since| self.instant_base.checked_add(since));
-        if let Some(estimate) = estimate {
+        if let Some(estimate) = self.estimate() {
             if deadline
                 .checked_add(self.margin)
                 .is_some_and(|d| d <= estimate)
@@ -119,9 +141,19 @@ pub(crate) fn is_past(deadline: Instant) -> bool {
     }
 }
 
+/// An instant at or after the system clock's now (`Instant::now()` read at any point
+/// during the call is not after it), read from the coarse clock alone: at most the
+/// calibration's width plus four kernel ticks after the true now (about 16 ms on a
+/// 250 Hz kernel), and never before it, whatever happened during the calibration, as
+/// long as the kernel's coarse clock is at most three ticks stale (module docs).
+/// `None` where there is no coarse clock: read `Instant::now()` instead.
+pub(crate) fn latest_now() -> Option<Instant> {
+    Coarse::get()?.latest_now()
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::{is_past, Coarse, CALIBRATION_READS, MARGIN_TICKS};
+    use super::{is_past, latest_now, Coarse, CALIBRATION_READS, MARGIN_TICKS};
     use crate::sync::coarse_monotonic;
     use std::time::{Duration, Instant};
 
@@ -176,6 +208,35 @@ mod tests {
                 assert!(!calm.is_past(now + ahead) || Instant::now() >= now + ahead);
             }
         }
+    }
+
+    /// The upper bound on now is never before now, from a calibration stalled in
+    /// every pair as from a calm one, and never more than its width plus the margin
+    /// (and this test's own reads) after it.
+    #[test]
+    fn the_latest_now_is_never_before_now_even_after_a_stalled_calibration() {
+        let Some(resolution) = coarse_monotonic(true) else {
+            assert!(latest_now().is_none(), "no coarse clock: no coarse bound");
+            return;
+        };
+        let margin = resolution * MARGIN_TICKS;
+        let stall = margin + Duration::from_millis(20);
+        let stalled = Coarse::calibrate(|_| std::thread::sleep(stall)).expect("calibrates");
+        let calm = Coarse::calibrate(|_| {}).expect("calibrates");
+        assert!(stalled.behind >= stall, "a stalled pair's width is counted");
+        for coarse in [&stalled, &calm] {
+            for _ in 0..2_000 {
+                let before = Instant::now();
+                let latest = coarse.latest_now().expect("fits");
+                let after = Instant::now();
+                assert!(latest >= after, "{:?} before now", after - latest);
+                // Lag below one resolution, plus this test's two reads.
+                let bound = coarse.behind + resolution + (after - before);
+                assert!(latest - before <= bound, "{:?} ahead", latest - before);
+            }
+        }
+        let before = Instant::now();
+        assert!(latest_now().expect("a coarse clock") >= before);
     }
 
     #[test]

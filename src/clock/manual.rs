@@ -504,6 +504,17 @@ impl TimeSource {
         }
     }
 
+    /// An instant at or after now, cheaper to read than [`now`](Self::now): the
+    /// system clock's coarse upper bound (`coarse.rs`: at most a few kernel ticks
+    /// late); `None` where that is no cheaper (a manual clock, or no coarse clock):
+    /// read `now` instead.
+    pub(crate) fn latest_now(&self) -> Option<Instant> {
+        match self {
+            TimeSource::System => super::coarse::latest_now(),
+            TimeSource::Manual(_) => None,
+        }
+    }
+
     /// Whether `deadline` is at or before now: `deadline <= self.now()`, sparing the
     /// system clock's precise read when the coarse clock tells (`coarse.rs`).
     pub(crate) fn is_past(&self, deadline: Instant) -> bool {
