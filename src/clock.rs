@@ -25,7 +25,7 @@ mod manual;
 mod units;
 
 #[cfg(not(loom))]
-pub(crate) use armed::{note_armed, set_armed_hook};
+pub(crate) use armed::{catch_up_before_arming, note_armed, set_armed_hook, ArmedListener};
 pub use manual::ManualClock;
 pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
 pub use units::{Nanos, Tick};

@@ -99,6 +99,13 @@ impl Armed {
     /// the service's now needs no timer: the sleep is elapsed at once (guarantee 8;
     /// docs/architecture.md). A refusal completes it at once, with the reason.
     fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
+        // A paused thread's clock follows tokio's paused one, which may have moved on
+        // since this thread last looked: caught up first, a deadline tokio's clock has
+        // passed is past here too (as tokio's own timers judge it at a first poll).
+        #[cfg(not(loom))]
+        if home.is_manual() {
+            crate::clock::catch_up_before_arming();
+        }
         if home.is_past(deadline) {
             return Armed::Elapsed;
         }
@@ -474,12 +481,15 @@ impl<F> Timeout<F> {
     /// The deadline: for `timeout_at`, the instant asked for. For `timeout(d, f)` on
     /// the system clock it is fixed at the first poll at which `f` is pending, as the
     /// earlier of the precise now plus `d` and an upper bound on the time the
-    /// `Timeout` was made (the coarse clock's: at most its calibration's width plus
-    /// four kernel ticks late, about 16 ms on a 250 Hz kernel) plus `d`; so it is
+    /// `Timeout` was made (the coarse clock's: at most its calibration's width, plus
+    /// the coarse clock's lag when it was calibrated (below a kernel tick or two on a
+    /// machine that is not overloaded), plus four kernel ticks late; 16–25 ms on a
+    /// 250 Hz kernel) plus `d`; so it is
     /// never before the time it was made plus `d`. Until then this returns the latest
     /// it can be (the second of the two), which that poll may move earlier. On a
     /// [`ManualClock`](crate::ManualClock) (and under paused time) it is exactly the
-    /// time it was made plus `d`.
+    /// time it was made plus `d`, saturating at the clock's far future as
+    /// [`Sleep::deadline`] says.
     pub fn deadline(&self) -> Instant {
         self.sleep.deadline()
     }

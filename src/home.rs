@@ -111,6 +111,11 @@ impl<K: Clone> CoreHome<K> {
         self.time.now()
     }
 
+    /// Whether the service runs on a [`ManualClock`](crate::ManualClock).
+    pub(crate) fn is_manual(&self) -> bool {
+        matches!(self.time, TimeSource::Manual(_))
+    }
+
     /// An instant at or after the service's now, where one is cheaper than
     /// [`now`](Self::now) (`TimeSource::latest_now`).
     pub(crate) fn latest_now(&self) -> Option<Instant> {

@@ -60,8 +60,12 @@
 //! (tokio's driver advances only when its scheduler has nothing to run, no
 //! `spawn_blocking` task is running, and no wake-up came in meanwhile), and on one
 //! thing of ours: every timer of the paused service is armed on the paused thread
-//! (the free functions' futures are: they are made there), since arming one is what
-//! tells the mirror to look again. A sleep made on the paused thread and re-armed
+//! (the free functions' futures are made there, and a `sleep`'s timer is armed where
+//! it is made; a `timeout`'s is armed at its first pending poll, which a task on the
+//! paused thread's runtime makes there too), since arming one is what tells the
+//! mirror to look again. Arming one on the paused thread first brings our clock up to
+//! tokio's, so a timeout first polled after tokio's clock passed its deadline elapses
+//! at that poll, as tokio's does. A sleep made on the paused thread and re-armed
 //! ([`Sleep::reset`]) on another thread is seen only at the mirror's next look.
 //! Without a tokio runtime (or without the feature), paused time moves only with
 //! [`advance`].
@@ -634,6 +638,19 @@ impl PauseShared {
     }
 }
 
+/// A paused thread's listener for timers armed on it (`clock::ArmedListener`).
+struct PausedListener(Arc<PauseShared>);
+
+impl crate::clock::ArmedListener for PausedListener {
+    fn catch_up(&self) {
+        self.0.sync();
+    }
+
+    fn armed(&self, deadline: std::time::Instant) {
+        self.0.armed(deadline);
+    }
+}
+
 /// Ends a thread's paused time when dropped: owned by a task on the tokio runtime
 /// the pause began in, which the runtime drops as it shuts down.
 #[cfg(feature = "tokio")]
@@ -747,9 +764,8 @@ fn pause_with(tokio_paused: bool) {
     let _ = tokio_paused;
     // A sleep armed on this thread tells the paused time (through `clock`, which
     // `future.rs` may import): the mirror then looks for the earliest timer again.
-    let listener = Arc::clone(&shared);
     drop(crate::clock::set_armed_hook(Some(std::rc::Rc::new(
-        move |deadline| listener.armed(deadline),
+        PausedListener(Arc::clone(&shared)),
     ))));
     let previous = PAUSED.with(|paused| paused.replace(Some(Paused { timer, shared })));
     drop(previous);

@@ -962,17 +962,20 @@ fn bound_probe_prints_how_far_ahead_the_bound_runs() {
     assert!(timer.shutdown().is_empty());
 }
 
-/// `Timeout::deadline`'s docs: the bound on the time a timeout was made is "at most its
-/// calibration's width plus four kernel ticks late, about 16 ms on a 250 Hz kernel".
-/// In five fresh processes (each calibrating afresh), the bound's lead over an
+/// `Timeout::deadline`'s docs: the bound on the time a timeout was made is at most
+/// "its calibration's width, plus the coarse clock's lag when it was calibrated (below
+/// a kernel tick or two on a machine that is not overloaded), plus four kernel ticks"
+/// late. In five fresh processes (each calibrating afresh), the bound's lead over an
 /// `Instant` read *after* `timeout(0, _)` returned (so never more than its true lead)
-/// is compared with four ticks, the tick `J` measured as the spread of that lead over
-/// 60 ms (the coarse clock steps by `J`; preemption only widens the spread, making the
-/// check more lenient), plus 500 µs for the calibration's width (tens of ns unless the
-/// calibration was preempted in all five of its pairs).
+/// is compared with six ticks (four, plus two for the lag), the tick `J` measured as
+/// the spread of that lead over 60 ms (the coarse clock steps by `J`; preemption only
+/// widens the spread, making the check more lenient), plus 500 µs for the
+/// calibration's width. The lag depends on the machine's load (two spinning threads
+/// beside it made it 2.2 ticks once), so the median process is judged, not each: the
+/// docs once said "width plus four ticks", which 2 to 5 of 5 processes exceeded by up
+/// to 3 ms (the lag at calibration, left out).
 #[test]
-#[ignore = "defect: the bound on a timeout's creation time runs up to ~4 ticks + the coarse lag at calibration (18.8 ms seen on 250 Hz) ahead, not the documented width + 4 ticks (16 ms)"]
-fn the_bound_before_the_first_poll_is_at_most_four_coarse_ticks_late() {
+fn the_bound_before_the_first_poll_is_at_most_six_coarse_ticks_late_in_the_median_process() {
     let exe = std::env::current_exe().expect("the test binary");
     let mut seen = Vec::new();
     for _ in 0..5 {
@@ -997,20 +1000,20 @@ fn the_bound_before_the_first_poll_is_at_most_four_coarse_ticks_late() {
             .map(|n| n.parse::<u64>().expect("a number"));
         let (ahead_max, ahead_min) = (numbers.next().expect("max"), numbers.next().expect("min"));
         let tick = ahead_max - ahead_min;
-        let allowed = 4 * tick + 500_000;
+        let allowed = 6 * tick + 500_000;
         seen.push((ahead_max, tick, allowed));
     }
-    let over: Vec<_> = seen
+    let over: Vec<String> = seen
         .iter()
         .filter(|(ahead_max, _, allowed)| ahead_max > allowed)
         .map(|(ahead_max, tick, allowed)| {
             format!(
-                "lead {:?} > 4 x tick {:?} + 0.5 ms = {:?}",
+                "lead {:?} > 6 x tick {:?} + 0.5 ms = {:?}",
                 Duration::from_nanos(*ahead_max),
                 Duration::from_nanos(*tick),
                 Duration::from_nanos(*allowed)
             )
         })
         .collect();
-    assert!(over.is_empty(), "{} of 5 processes: {over:?}", over.len());
+    assert!(over.len() <= 2, "{} of 5 processes: {over:?}", over.len());
 }

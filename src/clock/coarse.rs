@@ -23,7 +23,8 @@
 //! **Never behind by more than the calibration's width plus the margin.** The other
 //! way round, `t₃ − m = (t − ib) − L + L₃ ≤ w + L₃`, where `w` is the width of the
 //! chosen pair (`t − ib ≤ w`: the coarse read came at most `w` after `ib`) and
-//! `L₃ < J`. So `m + w + 4J` is at or after the true now: [`latest_now`], an upper bound
+//! `L₃ < J` (`4J` allows a coarse clock up to three ticks stale). So `m + w + 4J` is
+//! at or after the true now: [`latest_now`], an upper bound
 //! on now that costs one coarse read, which a `Timeout` takes when it is made, so
 //! that one whose future is ready at its first poll never reads the precise clock.
 //!
@@ -143,8 +144,9 @@ pub(crate) fn is_past(deadline: Instant) -> bool {
 
 /// An instant at or after the system clock's now (`Instant::now()` read at any point
 /// during the call is not after it), read from the coarse clock alone: at most the
-/// calibration's width plus four kernel ticks after the true now (about 16 ms on a
-/// 250 Hz kernel), and never before it, whatever happened during the calibration, as
+/// calibration's width, plus the coarse clock's lag at calibration `L` (below a kernel
+/// tick or two unless the machine is overloaded), plus four kernel ticks after the true
+/// now (`m − t₃ ≤ L`: 16–25 ms on a 250 Hz kernel), and never before it, whatever happened during the calibration, as
 /// long as the kernel's coarse clock is at most three ticks stale (module docs).
 /// `None` where there is no coarse clock: read `Instant::now()` instead.
 pub(crate) fn latest_now() -> Option<Instant> {
