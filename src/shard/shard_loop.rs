@@ -121,6 +121,37 @@ struct Reading {
 }
 
 impl ShardLink {
+    /// The link of a new shard whose core is `core`: puts the core and an empty fired
+    /// queue in a custody and gives the shard's shared half that custody's address.
+    ///
+    /// # Safety
+    ///
+    /// - The caller keeps this link (its custody) alive until the core has shut down
+    ///   (`ShardCore::shut_down`), since senders reach the custody through the shared
+    ///   half's pointer; and
+    /// - the shard is not shared with any sender yet.
+    #[allow(unsafe_code, reason = "gives the shared half the custody's address")]
+    unsafe fn new(core: ShardCore, dispatch: Dispatch, clock: Clock) -> ShardLink {
+        let shared = core.shared().clone();
+        let home: RunHome = std::sync::Arc::new(shared.clone());
+        let custody = Arc::new(Custody::new(InCustody {
+            core: Some(core),
+            fired: FiredQueue::new(),
+        }));
+        // SAFETY: the caller's two points are `Custody::set`'s: the custody outlives
+        // the core's shutdown, and no sender reads the pointer yet.
+        unsafe {
+            shared.custody.set(&custody);
+        }
+        ShardLink {
+            custody,
+            shared,
+            dispatch,
+            clock,
+            home,
+        }
+    }
+
     /// Whether fired tasks leave in batches (pool, rayon) rather than through the
     /// fired queue (inline, spawn).
     fn batches(&self) -> bool {
@@ -638,27 +669,14 @@ impl ShardThread {
         turns: Option<TurnSlot>,
     ) -> Self {
         let now = clock.tick_of(shared.time.now());
-        let core = ShardCore::new(shared.clone(), cursors, now, clock.ticks().tick_ns(), limit);
-        let home: RunHome = std::sync::Arc::new(shared.clone());
-        let custody = Arc::new(Custody::new(InCustody {
-            core: Some(core),
-            fired: FiredQueue::new(),
-        }));
+        let core = ShardCore::new(shared, cursors, now, clock.ticks().tick_ns(), limit);
         // SAFETY: this thread's link keeps the custody until its loop ends, after the
         // core's `shut_down` (run on this thread: by the loop, or by a callback on it
         // that took the core), and the shard is not shared with any sender yet.
         #[allow(unsafe_code, reason = "the shard loop keeps the custody alive")]
-        unsafe {
-            shared.custody.set(&custody);
-        }
+        let link = unsafe { ShardLink::new(core, dispatch, clock) };
         ShardThread {
-            link: ShardLink {
-                custody,
-                shared,
-                dispatch,
-                clock,
-                home,
-            },
+            link,
             turns,
             watch: None,
             watcher: None,
@@ -921,28 +939,12 @@ impl ModelShard {
     /// (direct unlinking, `direct.rs`): the model keeps the `ModelShard` (a clone)
     /// until the core's `shut_down` has returned.
     pub fn new(core: ShardCore) -> Self {
-        let clock = Clock::at(Instant::now(), 1);
-        let shared = core.shared().clone();
-        let home: RunHome = std::sync::Arc::new(shared.clone());
-        let custody = Arc::new(Custody::new(InCustody {
-            core: Some(core),
-            fired: FiredQueue::new(),
-        }));
+        let dispatch = Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0)));
         // SAFETY: the models keep a `ModelShard` until the core has shut down (above);
         // the shard is not shared with a sender yet.
         #[allow(unsafe_code, reason = "the model keeps the custody alive")]
-        unsafe {
-            shared.custody.set(&custody);
-        }
-        ModelShard {
-            link: ShardLink {
-                custody,
-                shared,
-                dispatch: Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0))),
-                clock,
-                home,
-            },
-        }
+        let link = unsafe { ShardLink::new(core, dispatch, Clock::at(Instant::now(), 1)) };
+        ModelShard { link }
     }
 
     /// The shard's shared half.
