@@ -5,7 +5,7 @@
 #![forbid(unsafe_code)]
 
 #[cfg(target_os = "linux")]
-use procfs::{process::Process, Current};
+use procfs::{process::Process, Current, CurrentSI};
 
 /// The 1-minute load average.
 pub(crate) fn load_average() -> Option<f64> {
@@ -14,6 +14,22 @@ pub(crate) fn load_average() -> Option<f64> {
         procfs::LoadAverage::current()
             .ok()
             .map(|load| f64::from(load.one))
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
+/// CPU seconds the whole machine has been busy since boot (every process on every
+/// CPU), and its CPUs: the CPUs × the uptime, less their idle time (/proc/uptime,
+/// 10 ms resolution). Idle time is measured, not sampled; /proc/stat's busy columns
+/// are sampled at the scheduler tick and, on a tickless kernel, can miss most of a
+/// load that sleeps and wakes every few hundred µs.
+pub(crate) fn machine_busy() -> Option<(f64, usize)> {
+    #[cfg(target_os = "linux")]
+    {
+        let cpus = procfs::KernelStats::current().ok()?.cpu_time.len().max(1);
+        let uptime = procfs::Uptime::current().ok()?;
+        Some((cpus as f64 * uptime.uptime - uptime.idle, cpus))
     }
     #[cfg(not(target_os = "linux"))]
     None

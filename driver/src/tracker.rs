@@ -128,9 +128,22 @@ impl Tracker {
 
     /// Lateness histogram and fired count, from slots that hold a lateness.
     pub(crate) fn lateness(&self) -> (hdrhistogram::Histogram<u64>, u64) {
+        self.lateness_of(|_| true)
+    }
+
+    /// [`lateness`](Self::lateness) of the timers whose index `which` picks.
+    pub(crate) fn lateness_of(
+        &self,
+        which: impl Fn(usize) -> bool,
+    ) -> (hdrhistogram::Histogram<u64>, u64) {
         let mut histogram = crate::report::histogram();
         let mut fired = 0;
-        for slot in &self.slots {
+        for (_, slot) in self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| which(*index))
+        {
             // ORDERING: Relaxed: read after the workload is quiet.
             let value = slot.load(Ordering::Relaxed);
             if value != NOT_FIRED && value != CANCELLED {

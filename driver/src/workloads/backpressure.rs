@@ -1,6 +1,12 @@
 //! `backpressure`: a service bounded by `max_pending` is driven past its bound. The
 //! n+1-th pending timer must be refused with `TooManyPending`, firing and cancelling
-//! must free room again, and every accepted timer must fire exactly once.
+//! must free room again, and every accepted timer must fire exactly once, on time.
+//!
+//! The timers are offered at a fixed [`OFFERS_PER_SEC`] (all producers together,
+//! through a [`Pacer`]): fast enough that the bound is reached before the first ones
+//! come due (the rate × the delay is above the default `max_pending`), slow enough
+//! that they come due at that rate rather than `max_pending` in one tick, on a
+//! machine with CPU to spare. The schedule rate in the report is that pace.
 
 #![forbid(unsafe_code)]
 
@@ -11,6 +17,12 @@ use sharded_timer::{ScheduleError, ShardedTimer};
 use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
+
+use super::Pacer;
+
+/// Timers offered per second, all producers together (a refused one is retried
+/// every 200 µs until room is freed; retries do not count).
+pub(crate) const OFFERS_PER_SEC: f64 = 1_000_000.0;
 
 /// Fills a service bounded at `limit` with `producers` threads offering `offered`
 /// timers due `delay_s` (before the time scale) later, retrying refused ones once
@@ -53,11 +65,15 @@ pub(crate) fn run(common: &Common, limit: usize, offered: usize, delay_s: f64) -
                 scope.spawn(move || {
                     common.pin_producer(producer);
                     let mut refusals = 0u64;
+                    let mut pacer = Pacer::new(OFFERS_PER_SEC / common.producers as f64);
                     for index in common.share(producer, offered) {
                         loop {
                             let deadline = Instant::now() + delay;
                             match timer.schedule(delay, move || tracker.record(index, deadline)) {
-                                Ok(_) => break,
+                                Ok(_) => {
+                                    pacer.pace();
+                                    break;
+                                }
                                 Err(ScheduleError::TooManyPending { .. }) => {
                                     refusals += 1;
                                     std::thread::sleep(Duration::from_micros(200));
@@ -100,9 +116,10 @@ pub(crate) fn run(common: &Common, limit: usize, offered: usize, delay_s: f64) -
         capture_bytes: 16,
         process,
         notes: vec![format!(
-            "max_pending {limit}: the {}-th pending timer {}; {offered} offered, {refusals} refusals retried as room freed, {fired} fired, {} left at shutdown",
+            "max_pending {limit}: the {}-th pending timer {}; {offered} offered at {:.1} M/s (paced, all producers), {refusals} refusals retried as room freed, {fired} fired, {} left at shutdown",
             limit + 1,
             if refused_at_limit { "was refused with TooManyPending" } else { "was NOT refused (counted as lost)" },
+            OFFERS_PER_SEC / 1e6,
             unfired.len()
         )],
     }

@@ -1,6 +1,10 @@
 //! `heartbeat`: many repeating timers (keepalive pings, lease renewals) at a fixed
 //! rate. Each run must come at or after its grid point, none may be missing beyond
 //! the runs the service says it skipped, and cancel must stop them all.
+//!
+//! The timers start evenly over one period (as heartbeats of connections made at
+//! different times), so that their runs come due spread over the period rather than
+//! all in one tick; lateness is every run's, from its grid point.
 
 #![forbid(unsafe_code)]
 
@@ -10,13 +14,55 @@ use std::time::{Duration, Instant};
 use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::Common;
 
+use super::Pacer;
+
+/// Width of a lateness bucket, µs.
+const BUCKET_US: u64 = 10;
+/// Lateness buckets: up to 100 ms, then one for everything later.
+const BUCKETS: usize = 10_001;
+
 /// Counters every run updates.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Beats {
     /// Runs, all timers.
     runs: AtomicU64,
     /// Runs that came before their grid point.
     early: AtomicU64,
+    /// Runs by lateness after their grid point, [`BUCKET_US`] wide (the last: later).
+    late: Vec<AtomicU64>,
+}
+
+impl Beats {
+    /// Counters with empty buckets.
+    fn new() -> Self {
+        Beats {
+            runs: AtomicU64::new(0),
+            early: AtomicU64::new(0),
+            late: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Counts a run `late_us` after its grid point.
+    fn record(&self, late_us: u64) {
+        let bucket = ((late_us / BUCKET_US) as usize).min(BUCKETS - 1);
+        // ORDERING: Relaxed: counters read after shutdown has joined every worker.
+        self.late[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The runs' lateness, each at its bucket's upper edge (the last bucket at its
+    /// lower one).
+    fn histogram(&self) -> hdrhistogram::Histogram<u64> {
+        let mut histogram = crate::report::histogram();
+        for (bucket, count) in self.late.iter().enumerate() {
+            // ORDERING: Relaxed: read after shutdown has joined every worker.
+            let count = count.load(Ordering::Relaxed);
+            if count > 0 {
+                let edge = (bucket as u64 + u64::from(bucket < BUCKETS - 1)) * BUCKET_US;
+                histogram.saturating_record_n(edge.max(1), count);
+            }
+        }
+        histogram
+    }
 }
 
 /// Runs `timers` repeating timers with period `period_s` (before the time scale) for
@@ -24,15 +70,13 @@ struct Beats {
 pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -> WorkloadReport {
     let timer = common.service("heartbeat");
     let period = common.scaled(period_s).max(Duration::from_millis(1));
-    let beats: &'static Beats = Box::leak(Box::default());
-    // Each timer keeps the lateness of its worst run (µs) in its own slot: its runs
-    // never overlap, so no two threads write one slot at once, and no lock is shared.
-    let worst_us: &'static [AtomicU64] =
-        Box::leak((0..timers).map(|_| AtomicU64::new(0)).collect());
+    let beats: &'static Beats = Box::leak(Box::new(Beats::new()));
     let meter = Meter::start();
     let start = Instant::now();
+    let mut starts = Pacer::new(timers as f64 / period.as_secs_f64());
     let handles: Vec<_> = (0..timers)
-        .map(|index| {
+        .map(|_| {
+            starts.pace();
             // A run's grid point is `created + n × period` for its n-th run: the
             // service skips runs but never runs one ahead of its slot.
             let created = Instant::now();
@@ -49,9 +93,7 @@ pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -
                     // The latest grid point at or before now is this run's slot.
                     let behind = now.saturating_duration_since(created).as_nanos()
                         % period.as_nanos().max(1);
-                    let late_us = (behind / 1_000) as u64;
-                    // ORDERING: Relaxed: read after shutdown has joined every worker.
-                    worst_us[index].fetch_max(late_us, Ordering::Relaxed);
+                    beats.record((behind / 1_000) as u64);
                 })
                 .expect("the service accepts timers")
         })
@@ -75,10 +117,7 @@ pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -
     let owed = (timers as u64) * whole.saturating_sub(2);
     let lost = owed.saturating_sub(runs + skipped);
     let duplicated = late_runs + runs.saturating_sub(timers as u64 * (whole + 1));
-    let mut histogram = crate::report::histogram();
-    for slot in worst_us {
-        histogram.saturating_record(slot.load(Ordering::Relaxed).max(1));
-    }
+    let histogram = beats.histogram();
     WorkloadReport {
         name: "heartbeat",
         rates: Rates {
@@ -95,7 +134,7 @@ pub(crate) fn run(common: &Common, timers: usize, period_s: f64, periods: u32) -
         capture_bytes: 24,
         process,
         notes: vec![format!(
-            "{timers} repeating timers every {period:?} for {periods} periods: {runs} runs, {skipped} skipped (a whole period behind), {stopped} stopped by cancel, {late_runs} runs after shutdown; lateness columns: each timer's worst run"
+            "{timers} repeating timers every {period:?}, started evenly over one period, for {periods} periods: {runs} runs, {skipped} skipped (a whole period behind), {stopped} stopped by cancel, {late_runs} runs after shutdown; lateness columns: every run's, in {BUCKET_US} µs buckets (each at its upper edge)"
         )],
     }
 }

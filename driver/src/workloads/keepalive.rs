@@ -1,9 +1,19 @@
 //! `keepalive`: many connections, each with an idle timeout re-armed by every packet.
-//! Half the connections are busy (each producer delivers packets to its busy
-//! connections as fast as it can), half silent. Silent connections must expire once,
+//! Half the connections are busy, half silent. Silent connections must expire once,
 //! on time; busy ones only after they fall silent at the end. A re-arm is either
 //! `TimerHandle::reset` (one atomic update) or the cancel + schedule a timer without
 //! reset needs; the driver runs both and reports them side by side.
+//!
+//! The load is a server's, not a benchmark's. The connections open evenly over the
+//! first [`OPEN_TIMEOUTS`] of an idle timeout; the producers then deliver packets to
+//! the busy ones at a fixed [`REARMS_PER_SEC`] (all producers together, each an equal
+//! share, through a [`Pacer`]) while the silent ones come due; over the busy phase's
+//! last idle timeout the busy connections fall silent one after another, and come due
+//! one after another. The pace leaves a 2-core machine CPU to spare, so lateness
+//! judges the timer, not the wait for a CPU; the spread keeps one hiccup of a shared
+//! machine (a core taken away for a few ms) from landing on a whole group of expiries.
+//! The re-arm rate in the report is that pace, not a throughput: `--compare`
+//! measures how fast re-arms can go.
 
 #![forbid(unsafe_code)]
 
@@ -16,8 +26,18 @@ use crate::report::{Lateness, Meter, Rates, WorkloadReport};
 use crate::tracker::Tracker;
 use crate::Common;
 
+use super::Pacer;
+
 /// Timeouts the busy phase lasts.
 const BUSY_TIMEOUTS: f64 = 3.0;
+
+/// Packets delivered per second to the busy connections, all producers together
+/// (each re-arms one idle timer).
+pub(crate) const REARMS_PER_SEC: f64 = 4_000_000.0;
+
+/// The share of an idle timeout over which the connections open (the silent ones
+/// come due as spread, one timeout later).
+const OPEN_TIMEOUTS: f64 = 0.5;
 
 /// How a packet re-arms a connection's idle timer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,21 +80,43 @@ pub(crate) fn run(
                     common.pin_producer(producer);
                     // Even connections are busy, odd ones silent.
                     let mine: Vec<usize> = common.share(producer, connections).collect();
+                    let opening = timeout.mul_f64(OPEN_TIMEOUTS).as_secs_f64();
+                    let mut opens = Pacer::new(mine.len() as f64 / opening);
                     let mut handles: Vec<Option<TimerHandle>> = mine
                         .iter()
-                        .map(|&index| Some(arm(timer, tracker, index)))
+                        .map(|&index| {
+                            let handle = arm(timer, tracker, index);
+                            opens.pace();
+                            Some(handle)
+                        })
                         .collect();
+                    // Busy connection `index` falls silent at its place in the last
+                    // idle timeout of the busy phase.
+                    let silent_from = |index: usize| {
+                        busy_until - timeout.mul_f64(1.0 - index as f64 / connections as f64)
+                    };
+                    let mut pacer = Pacer::new(REARMS_PER_SEC / common.producers as f64);
                     let mut rearms = 0u64;
-                    while Instant::now() < busy_until {
-                        for (slot, &index) in mine.iter().enumerate() {
-                            if index % 2 == 1 {
-                                continue;
-                            }
-                            let Some(handle) = &handles[slot] else {
-                                continue;
+                    // The busy connections still sending (even ones; odd ones are
+                    // silent from the start), by their slot in `mine`.
+                    let mut sending: Vec<usize> = (0..mine.len())
+                        .filter(|&slot| mine[slot].is_multiple_of(2))
+                        .collect();
+                    while !sending.is_empty() {
+                        let mut next = 0;
+                        while next < sending.len() {
+                            let slot = sending[next];
+                            let index = mine[slot];
+                            let before = Instant::now();
+                            let handle = match &handles[slot] {
+                                Some(handle) if before < silent_from(index) => handle,
+                                // Fallen silent: no more packets.
+                                _ => {
+                                    sending.swap_remove(next);
+                                    continue;
+                                }
                             };
                             // A packet arrived: re-arm the idle timer.
-                            let before = Instant::now();
                             let rearmed = match rearm {
                                 Rearm::Reset => {
                                     let reset = handle.reset(tracker.span);
@@ -91,8 +133,10 @@ pub(crate) fn run(
                                     cancelled
                                 }
                             };
+                            pacer.pace();
                             if rearmed {
                                 rearms += 1;
+                                next += 1;
                             } else {
                                 // Expired while we still considered it busy: the
                                 // driver fell behind (not early: the tracker checks).
@@ -129,16 +173,26 @@ pub(crate) fn run(
     let process = meter.stop();
     let busy_expired = busy_expired.load(Ordering::Relaxed);
     let mut notes = vec![format!(
-        "{connections} connections ({} busy, {} silent), idle timeout {:.0} ms: {rearms} re-arms ({}) in {:.2} s; {fired} expiries",
+        "{connections} connections ({} busy, {} silent) opened over {:.0} ms, idle timeout {:.0} ms: {rearms} re-arms ({}) until {:.2} s, paced at {:.1} M/s (all producers; a load, not a throughput: --compare measures that), the busy connections falling silent one by one over the last timeout; {fired} expiries",
         connections.div_ceil(2),
         connections / 2,
+        timeout.as_secs_f64() * 1e3 * OPEN_TIMEOUTS,
         timeout.as_secs_f64() * 1e3,
         match rearm {
             Rearm::Reset => "reset",
             Rearm::CancelSchedule => "cancel + schedule",
         },
-        busy_elapsed.as_secs_f64()
+        busy_elapsed.as_secs_f64(),
+        REARMS_PER_SEC / 1e6
     )];
+    let (silent, _) = tracker.lateness_of(|index| !index.is_multiple_of(2));
+    let (busy, _) = tracker.lateness_of(|index| index.is_multiple_of(2));
+    let (silent, busy) = (Lateness::of(&silent), Lateness::of(&busy));
+    notes.push(format!(
+        "expiries' lateness: silent connections (due during the load) p50 {} / p99 {} / max {} µs, {:.1} % on time; busy ones (due after it) p50 {} / p99 {} / max {} µs, {:.1} % on time",
+        silent.p50, silent.p99, silent.max, silent.on_time * 100.0,
+        busy.p50, busy.p99, busy.max, busy.on_time * 100.0
+    ));
     if busy_expired > 0 {
         notes.push(format!(
             "{busy_expired} busy connections expired because the driver fell behind its packet schedule (not early: checked)"
@@ -150,7 +204,9 @@ pub(crate) fn run(
             Rearm::CancelSchedule => "keepalive-cs",
         },
         rates: {
-            let per_sec = Some(rearms as f64 / busy_elapsed.as_secs_f64());
+            // Over the re-arming, after the connections opened.
+            let rearming = busy_elapsed.saturating_sub(timeout.mul_f64(OPEN_TIMEOUTS));
+            let per_sec = Some(rearms as f64 / rearming.as_secs_f64().max(1e-9));
             match rearm {
                 Rearm::Reset => Rates {
                     reset: per_sec,

@@ -3,6 +3,7 @@
 //! successful cancel) and returns a [`WorkloadReport`](crate::report::WorkloadReport).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Whether this process has made timers yet (a workload, `--compare`, `--sweep` or
 /// `--soak` has run).
@@ -38,3 +39,104 @@ pub(crate) mod net;
 pub(crate) mod rpc;
 pub(crate) mod stall;
 pub(crate) mod steady;
+
+/// Paces a producer at a fixed rate, as a service's clients would load it: operation
+/// `n` is due `n / per_sec` seconds after the pacer's start. Every [`Pacer::BATCH_SPAN`]
+/// worth of operations the producer sleeps until the next batch is due. A producer
+/// that falls behind (refused, descheduled) catches up at full speed, but never by
+/// more than [`Pacer::MAX_BEHIND`]: further behind, the schedule restarts from now, so
+/// a stall never turns into a burst above the rate.
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    /// When operation 0 was due (moved forward when the pacer fell too far behind).
+    start: Instant,
+    /// Operations per second.
+    per_sec: f64,
+    /// Operations since `start`.
+    sent: u64,
+    /// Operations between looks at the clock.
+    batch: u64,
+}
+
+impl Pacer {
+    /// The span of one batch: operations between sleeps.
+    pub(crate) const BATCH_SPAN: Duration = Duration::from_micros(200);
+    /// How far behind its schedule a pacer catches up.
+    pub(crate) const MAX_BEHIND: Duration = Duration::from_millis(5);
+
+    /// A pacer at `per_sec` operations per second (at least 1), starting now.
+    pub(crate) fn new(per_sec: f64) -> Self {
+        let per_sec = per_sec.max(1.0);
+        Pacer {
+            start: Instant::now(),
+            per_sec,
+            sent: 0,
+            batch: ((per_sec * Self::BATCH_SPAN.as_secs_f64()) as u64).max(1),
+        }
+    }
+
+    /// Counts one operation; at the end of a batch, returns when the next batch is
+    /// due if that is still ahead (`None`: go on now).
+    pub(crate) fn count(&mut self) -> Option<Instant> {
+        self.sent += 1;
+        if !self.sent.is_multiple_of(self.batch) {
+            return None;
+        }
+        let due = self.start + Duration::from_secs_f64(self.sent as f64 / self.per_sec);
+        let now = Instant::now();
+        if due > now {
+            return Some(due);
+        }
+        if now - due > Self::MAX_BEHIND {
+            // Too far behind: restart the schedule from now rather than burst.
+            self.start = now;
+            self.sent = 0;
+        }
+        None
+    }
+
+    /// Counts one operation and, at the end of a batch, sleeps until the next is due.
+    pub(crate) fn pace(&mut self) {
+        if let Some(due) = self.count() {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pacer_never_runs_ahead_of_its_rate() {
+        // 2,000 operations at 20,000/s: the last batch is due no earlier than
+        // (2,000 - one batch) / 20,000 s after the start, and the pacer sleeps until
+        // each batch is due.
+        let mut pacer = Pacer::new(20_000.0);
+        let start = Instant::now();
+        for _ in 0..2_000 {
+            pacer.pace();
+        }
+        let batch = (20_000.0 * Pacer::BATCH_SPAN.as_secs_f64()) as u64;
+        let least = Duration::from_secs_f64((2_000 - batch) as f64 / 20_000.0);
+        assert_eq!(batch, 4);
+        assert!(
+            start.elapsed() >= least,
+            "{:?} < {least:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_pacer_far_behind_restarts_from_now_instead_of_bursting() {
+        // 100/s: a batch of one, each due 10 ms after the one before.
+        let mut pacer = Pacer::new(100.0);
+        std::thread::sleep(Duration::from_millis(10) + Pacer::MAX_BEHIND * 4);
+        // Behind by more than MAX_BEHIND: the schedule restarts from now...
+        assert_eq!(pacer.count(), None);
+        // ...so the next operation is due 10 ms after it, not in the past.
+        let restarted = Instant::now();
+        let due = pacer.count().expect("the next operation is ahead");
+        assert!(due > restarted, "{due:?} <= {restarted:?}");
+    }
+}
