@@ -735,7 +735,7 @@ impl ShardThread {
         if let Some(core) = pin_to {
             let _ = core_affinity::set_for_current(core);
         }
-        crate::sync::precise_timed_waits();
+        crate::sync::prompt_wake_ups();
         #[cfg(loom)]
         let _ = pin_to;
         let ShardThread {
