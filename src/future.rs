@@ -317,8 +317,11 @@ impl Sleep {
     /// before the service's now: at the next poll, with no timer). A pending timer is moved in
     /// place, in O(1), through its handle's [`reset_at`](TimerHandle::reset_at),
     /// earlier or later; a completed one is replaced by a new timer. Poll the sleep
-    /// again afterwards (as after tokio's `Sleep::reset`): the task is woken only by
-    /// the re-armed timer; the timer given up wakes nobody.
+    /// again afterwards (as after tokio's `Sleep::reset`). The timer given up never
+    /// fires; if a task was waiting on it (it polled the sleep and got `Pending`),
+    /// the reset wakes that task once, on the resetting thread, so that its next poll
+    /// completes the sleep (a deadline at or before now, as tokio's reset to the
+    /// past) or registers with the new timer.
     ///
     /// If the service has shut down, the sleep completes at once as when it is created
     /// then ([`refused`](Self::refused) says so).

@@ -1164,6 +1164,11 @@ impl Sim {
             future.timer = false;
             model.cancelled += 1;
         }
+        if future.registered {
+            // A task waiting on the timer given up is woken once, by the reset itself
+            // (`Sleep::reset`): its next poll completes the sleep or registers anew.
+            future.expected_wakes += 1;
+        }
         future.registered = false;
         future.elapsed = false;
         future.refused = false;
