@@ -65,7 +65,7 @@ use crate::clock::{Clock, Nanos, Tick, TurnSlot};
 use crate::dispatch::{Dispatch, RunHome, RunTask, ShardTask};
 use crate::entry::{EntryRef, Message};
 use crate::limit::PendingLimit;
-use crate::sync::{spin_loop, thread, Arc, Backoff};
+use crate::sync::{fence, spin_loop, thread, Arc, Backoff, Ordering};
 
 /// What a shard's token guards (ground rules).
 #[derive(Debug)]
@@ -809,6 +809,7 @@ impl ShardThread {
                 // One at a time, neither the borrow nor the token held while user code
                 // runs; each pop ends the previous run in the same hold.
                 let mut claim: Option<Claim> = None;
+                let mut watcher_alerted = false;
                 loop {
                     let popped = with_own(|link, held| {
                         if let Some(claim) = claim.take() {
@@ -827,6 +828,10 @@ impl ShardThread {
                         break;
                     };
                     claim = Some(next_claim);
+                    if !watcher_alerted {
+                        watcher_alerted = true;
+                        alert_watcher(watcher.as_ref(), now().tick);
+                    }
                     dispatch.one(task, clock);
                 }
             }
@@ -1161,6 +1166,30 @@ fn plan_park(
         Park::Indefinitely(due)
     } else {
         Park::Until(clock.tick_to_instant(wake), due)
+    }
+}
+
+/// Before this shard runs user code inline, which may block it: makes sure its
+/// watcher looks within `rescue_after` of `now` (ground rules: watching). A shard
+/// tells its watcher when to look as it parks; one woken from a park (by a producer
+/// filing an earlier timer, or its own timeout) that fires and runs a callback in the
+/// turn it wakes to has not parked since, and its watcher may sleep on a horizon it
+/// planned from the `due` published then (indefinitely, if that shard had nothing
+/// due). Found under load: a stall beginning so was never rescued.
+fn alert_watcher(watcher: Option<&(Arc<ShardShared>, u64)>, now: Tick) {
+    let Some((watcher, rescue_after)) = watcher else {
+        return;
+    };
+    // ORDERING: the SeqCst fence orders this shard's `AWAKE` (stored when its park
+    // ended) and its progress before the read of the watcher's wake-up; it pairs with
+    // the fence in the watcher's `prepare_park`, after which the watcher reads this
+    // shard's state again (`plan_park`). So either this read sees the watcher's planned
+    // sleep and unparks it, or the watcher sees this shard awake and does not sleep
+    // past its horizon.
+    fence(Ordering::SeqCst);
+    let wakes = watcher.sleeps_until();
+    if wakes != AWAKE && wakes.get() > now.get().saturating_add(*rescue_after) {
+        watcher.nudge();
     }
 }
 
