@@ -957,7 +957,6 @@ fn rescue_beside_a_blocker_begun_mid_tick(timer: &ShardedTimer, probe: &Arc<Prob
 }
 
 #[test]
-#[ignore = "defect: a stuck shard is judged from the tick its progress was seen in: a rescue starts beside a callback that has run 3-5 ms of a 10 ms rescue_after"]
 fn a_rescued_callback_never_starts_beside_one_that_has_run_less_than_rescue_after() {
     if cores().len() < 2 {
         return;

@@ -481,7 +481,12 @@ impl Watch {
     fn observe(&mut self, now: Tick) {
         let progress = self.link.shared.progress();
         if self.seen.is_none_or(|(seen, _)| seen != progress) {
-            self.seen = Some((progress, now));
+            // The next tick boundary, not `now` (the tick the sighting falls in, rounded
+            // down): the progress may have come just before the sighting, late in that
+            // tick, and a shard counts as stuck only `rescue_after` after it (counted
+            // from `now`, a rescue began up to a tick early: a 10 ms rescue beside a
+            // callback that had run 4.9 ms, with 10 ms ticks, in an outside audit).
+            self.seen = Some((progress, Tick::new(now.get().saturating_add(1))));
         }
     }
 
@@ -585,7 +590,9 @@ impl Watch {
                     link.turn(held, || reading, &hand_over);
                 }
                 let next = held.core.as_ref().and_then(ShardCore::next_expiry);
-                let started = link.clock.tick_of(Instant::now());
+                // Rounded up, as a sighting is (`observe`): the owner may take its
+                // queue back only once this run has lasted `rescue_after` in full.
+                let started = Tick::new(link.clock.tick_of(Instant::now()).get().saturating_add(1));
                 match held.fired.pop_for_rescuer(judged, started) {
                     Some((task, claim)) => Rescue::Run(task, claim),
                     None if held.fired.is_empty() => Rescue::Done(next.unwrap_or(Tick::NEVER)),
