@@ -159,7 +159,7 @@ pub struct ShardShared {
     /// Written by the shard (before its fence when parking; on waking); read by
     /// producers after their fence. Relaxed accesses: the fences order them.
     next_wake: CachePadded<AtomicU64>,
-    /// The owner's progress (its turns begun and fired tasks popped; `fired.rs`), as
+    /// The owner's progress (its turns begun, parks and fired tasks popped; `fired.rs`), as
     /// last published: how the shard that watches it tells a stuck shard from a busy
     /// one (`shard_loop`'s rescue), without a clock read per callback. Written by the
     /// shard thread only, holding its token; Relaxed: a stale value only delays or

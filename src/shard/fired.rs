@@ -66,7 +66,7 @@ pub struct FiredQueue<T> {
     running: Option<Running>,
     /// Runs popped so far (the last run's number).
     runs: u64,
-    /// The owner's progress: its turns begun and its pops.
+    /// The owner's progress: its turns begun, its parks and its pops.
     progress: u64,
 }
 
@@ -102,7 +102,7 @@ impl<T> FiredQueue<T> {
         self.progress
     }
 
-    /// Counts a turn the owner begins as progress; returns the new count.
+    /// Counts a turn the owner begins (or a park) as progress; returns the new count.
     pub fn owner_turned(&mut self) -> u64 {
         self.progress += 1;
         self.progress

@@ -498,7 +498,7 @@ impl Watch {
         if self.gone {
             return Tick::NEVER;
         }
-        // Awake: since its last progress (a turn begun, a fired task popped: a shard
+        // Awake: since its last progress (a turn begun, a park, a fired task popped: a shard
         // dispatching a long inline queue is busy, not stuck). Asleep: since its own
         // next expiry (not its wake-up, which may be its own watch horizon: watchers
         // watching each other would otherwise chase each other's horizons).
@@ -874,8 +874,8 @@ impl ShardThread {
             // Wake by the time a rescuer's run that blocks our queue counts as stuck.
             let blocked_until =
                 blocked.map(|since| Tick::new(since.get().saturating_add(rescue_after)));
-            let plan = with_own(|_, held| {
-                held.core.as_ref().map(|core| {
+            let plan = with_own(|link, held| {
+                let plan = held.core.as_ref().map(|core| {
                     plan_park(
                         core,
                         clock,
@@ -884,7 +884,16 @@ impl ShardThread {
                         watch.as_ref(),
                         blocked_until,
                     )
-                })
+                });
+                if plan.as_ref().is_some_and(|plan| !matches!(plan, Park::No)) {
+                    // A park is progress too: a watcher's sighting from before it is
+                    // stale once the shard wakes (else, seeing it awake before its
+                    // first turn with the progress it last saw, the watcher counted
+                    // it stuck since that old sighting and rescued a timer 1.4 ms
+                    // past its deadline with rescue_after 4 ms, in an outside audit).
+                    link.shared.set_progress(held.fired.owner_turned());
+                }
+                plan
             });
             match plan.flatten() {
                 None => break Vec::new(), // a callback on this thread took the core
