@@ -132,22 +132,9 @@ pub(crate) fn prompt_wake_ups() {
         // and touches only the calling thread's scheduling attributes; the unused
         // arguments are ignored by the kernel for this option.
         let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_u64, 0_u64, 0_u64, 0_u64) };
-        let mut attr = SchedAttr::default();
-        // SAFETY: `sched_getattr(0, attr, size, 0)` writes at most `size` bytes into
-        // `attr`, which is that large and lives across the call; pid 0 is the calling
-        // thread.
-        let read = unsafe {
-            libc::syscall(
-                libc::SYS_sched_getattr,
-                0,
-                &mut attr as *mut SchedAttr,
-                SchedAttr::SIZE,
-                0,
-            )
-        };
         // Only a normal-policy thread (SCHED_OTHER: 0) gets a fair-class slice; keep
         // whatever else the application chose.
-        if read == 0 && attr.sched_policy == 0 {
+        if let Some(mut attr) = SchedAttr::of_this_thread().filter(|a| a.sched_policy == 0) {
             attr.size = SchedAttr::SIZE;
             attr.sched_flags = 0;
             attr.sched_runtime = SHARD_SLICE.as_nanos() as u64;
@@ -199,6 +186,25 @@ struct SchedAttr {
 impl SchedAttr {
     /// The size the kernel is told, bytes.
     const SIZE: u32 = std::mem::size_of::<SchedAttr>() as u32;
+
+    /// The calling thread's scheduling attributes, as the kernel reports them
+    /// (`sched_getattr`), or `None` if it refuses.
+    fn of_this_thread() -> Option<SchedAttr> {
+        let mut attr = SchedAttr::default();
+        // SAFETY: `sched_getattr(0, attr, size, 0)` writes at most `size` bytes into
+        // `attr`, which is that large and lives across the call; pid 0 is the calling
+        // thread.
+        let read = unsafe {
+            libc::syscall(
+                libc::SYS_sched_getattr,
+                0,
+                &mut attr as *mut SchedAttr,
+                SchedAttr::SIZE,
+                0,
+            )
+        };
+        (read == 0).then_some(attr)
+    }
 }
 
 /// A spin hint for tight retry loops.
@@ -488,20 +494,7 @@ mod tests {
 
     /// The calling thread's scheduling attributes, as the kernel reports them.
     fn sched_attr() -> SchedAttr {
-        let mut attr = SchedAttr::default();
-        // SAFETY: as in `prompt_wake_ups`: the kernel writes at most `SIZE` bytes into
-        // `attr`, which is that large.
-        let read = unsafe {
-            libc::syscall(
-                libc::SYS_sched_getattr,
-                0,
-                &mut attr as *mut SchedAttr,
-                SchedAttr::SIZE,
-                0,
-            )
-        };
-        assert_eq!(read, 0, "sched_getattr");
-        attr
+        SchedAttr::of_this_thread().expect("sched_getattr")
     }
 
     /// A shard thread's slice is the short one where the kernel has custom slices
