@@ -15,6 +15,8 @@
 //! the shard taking a callback off its queue and the closure starting). Each scenario
 //! runs three rounds on one service; a stall is 300 ms; every wait is bounded.
 
+mod support;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -23,6 +25,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use sharded_timer::{Callbacks, ShardedTimer, Sleep, TimerHandle};
+use support::wait_until;
 
 /// Bound for anything that should happen within a round.
 const WAIT: Duration = Duration::from_secs(5);
@@ -43,20 +46,6 @@ fn rounds() -> usize {
         .ok()
         .and_then(|rounds| rounds.parse().ok())
         .unwrap_or(3)
-}
-
-/// Polls `condition` every millisecond until it holds or `timeout` passes.
-fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// Usable cores.
