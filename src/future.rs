@@ -234,11 +234,11 @@ impl Sleep {
             ),
             None => (home.now(), FIXED),
         };
-        let far_future = home.clock().far_future();
+        let deadline = latest
+            .checked_add(delay)
+            .unwrap_or_else(|| home.clock().far_future());
         Sleep {
-            deadline: latest
-                .checked_add(delay)
-                .map_or(far_future, |deadline| deadline.min(far_future)),
+            deadline: saturated(&home, deadline),
             home,
             unfixed,
             armed: None,
