@@ -1203,8 +1203,14 @@ fn alert_watcher(watcher: Option<&(Arc<ShardShared>, u64)>, now: Tick) {
     // sleep and unparks it, or the watcher sees this shard awake and does not sleep
     // past its horizon.
     fence(Ordering::SeqCst);
+    nudge_unless_looking_by(watcher, now.get().saturating_add(*rescue_after));
+}
+
+/// Unparks `watcher` if it sleeps past tick `by`, the latest it must look: its horizon
+/// predates what this shard has due, and it recomputes it.
+fn nudge_unless_looking_by(watcher: &ShardShared, by: u64) {
     let wakes = watcher.sleeps_until();
-    if wakes != AWAKE && wakes.get() > now.get().saturating_add(*rescue_after) {
+    if wakes != AWAKE && wakes.get() > by {
         watcher.nudge();
     }
 }
@@ -1223,12 +1229,9 @@ fn park(
         Park::Indefinitely(due) | Park::Until(_, due) => due,
     };
     if let Some((watcher, rescue_after)) = watcher {
-        // The watcher must look by `due + rescue_after`; if it sleeps past that, its
-        // horizon predates our `due`: it recomputes.
-        let horizon = due.get().saturating_add(*rescue_after);
-        let watcher_wakes = watcher.sleeps_until();
-        if due != Tick::NEVER && watcher_wakes != AWAKE && watcher_wakes.get() > horizon {
-            watcher.nudge();
+        // The watcher must look by `due + rescue_after` (after `prepare_park`'s fence).
+        if due != Tick::NEVER {
+            nudge_unless_looking_by(watcher, due.get().saturating_add(*rescue_after));
         }
     }
     let retry = std::time::Duration::from_millis(1);
