@@ -253,7 +253,7 @@ pub mod __loom {
     };
     pub use crate::entry::{SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::executor::{Executor, Task};
-    pub use crate::home::{user_gone, Home};
+    pub use crate::home::{Home, Users};
     /// The entry pool's heap and its cross-thread free (`src/entry/pool.rs`).
     pub mod pool {
         pub use crate::entry::pool::{free, Heap, CHUNK, HEAD};

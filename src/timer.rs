@@ -22,24 +22,18 @@ use crate::entry::EntryRef;
 use crate::error::ScheduleError;
 use crate::executor::Executor;
 use crate::handle::TimerHandle;
-use crate::home::{home_index, route, user_gone, CoreHome, Registration};
+use crate::home::{home_index, route, CoreHome, Users};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
 use crate::shard::ShardShared;
 #[cfg(feature = "metrics")]
 use crate::stats::LatenessHistogram;
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// State shared by every clone of a [`ShardedTimer`].
 pub(crate) struct Inner {
     /// The shards; shard `k` is pinned to core `k` (`home::route`).
     shards: Box<[Arc<ShardShared>]>,
-    /// Each shard with what scheduling onto it needs, and the home of the sleeps made
-    /// on its core (`home.rs`); `homes[k]` schedules onto `shards[k]`.
-    homes: Box<[Arc<CoreHome<Arc<Inner>>>]>,
-    /// The `ShardedTimer` clones alive (the homes' references are not counted): when
-    /// the last goes, the homes without sleeps give up theirs (`home.rs`).
-    users: Arc<CachePadded<AtomicUsize>>,
     /// Ticks ↔ instants.
     clock: Clock,
     /// Where the service reads the time.
@@ -62,8 +56,14 @@ pub(crate) struct Inner {
     exported: std::sync::Mutex<LatenessHistogram>,
 }
 
-/// A `Sleep`'s registration with the home of the core it was made on (`home.rs`).
-pub(crate) type SleepHome = Registration<Arc<Inner>>;
+/// The home of the core a `Sleep` was made on (`home.rs`): its `Arc` keeps the
+/// service alive.
+pub(crate) type SleepHome = Arc<CoreHome<Arc<Inner>>>;
+
+/// What a service's `ShardedTimer` clones share (`home.rs`): each shard with what
+/// scheduling onto it needs, and the home of the sleeps made on its core; `homes[k]`
+/// schedules onto `shards[k]`.
+pub(crate) type ServiceUsers = Users<CoreHome<Arc<Inner>>, Arc<Inner>>;
 
 /// A sharded hierarchical timing-wheel timer service.
 ///
@@ -87,26 +87,17 @@ pub(crate) type SleepHome = Registration<Arc<Inner>>;
 pub struct ShardedTimer {
     /// The shared service.
     inner: Arc<Inner>,
+    /// The homes, shared by the service's users: the last user's drop hands the
+    /// service to the homes that still have sleeps (`home.rs`).
+    users: Arc<ServiceUsers>,
 }
 
 impl Clone for ShardedTimer {
     fn clone(&self) -> Self {
-        // ORDERING: Relaxed: a new user is made from a live one, so the count is not
-        // 0 and cannot reach 0 before this returns; only its fall to 0 is raced.
-        self.inner.users.fetch_add(1, Ordering::Relaxed);
         ShardedTimer {
             inner: self.inner.clone(),
+            users: self.users.clone(),
         }
-    }
-}
-
-impl Drop for ShardedTimer {
-    fn drop(&mut self) {
-        // The last user: each home without sleeps gives up its reference. Our own
-        // `inner` keeps the service alive until this returns, so dropping them here
-        // never runs the shutdown; dropping `inner` afterwards may.
-        let homes = self.inner.homes.iter().map(|home| home.home());
-        drop(user_gone(&self.inner.users, homes));
     }
 }
 
@@ -186,11 +177,11 @@ impl ShardedTimer {
         self.enqueue(deadline, true, |id| EntryRef::new(id, deadline, f))
     }
 
-    /// A registration with the home of the calling thread's core, for a `Sleep`: it
-    /// keeps the service alive and schedules onto that core's shard (`home.rs`).
+    /// The home of the calling thread's core, for a `Sleep`: its `Arc` keeps the
+    /// service alive and it schedules onto that core's shard (`home.rs`).
     pub(crate) fn sleep_home(&self) -> SleepHome {
-        let homes = &self.inner.homes;
-        Registration::enter(&homes[home_index(homes.len())], &self.inner)
+        let homes = self.users.homes();
+        homes[home_index(homes.len())].clone()
     }
 
     /// Runs `f` every `period`, on an executor thread, at a fixed rate: the n-th run
@@ -335,7 +326,8 @@ impl ShardedTimer {
         }
         let id = TimerId::next();
         // The calling thread's core's shard (`home::route`).
-        let home = &inner.homes[route(inner.homes.len(), id)];
+        let homes = self.users.homes();
+        let home = &homes[route(homes.len(), id)];
         home.enqueue(id, deadline, holds_room, make)
     }
 

@@ -1,115 +1,120 @@
-//! Model 16: a core's home of sleeps (`src/home.rs`, `Home`): how a `Sleep` keeps its
-//! service alive without touching the service's shared reference count.
+//! Model 16: a core's home of sleeps (`src/home.rs`, `Users` and `Home`): how a
+//! `Sleep` keeps its service alive without touching the service's shared reference
+//! count. A sleep holds its core's home's `Arc`; the service's users share `Users`,
+//! which holds every home's `Arc`, and whose drop (the last user's) hands the service
+//! to each home before letting the homes go.
 //!
-//! Explores: the real `Home` with a loom `Arc` standing for the service reference it
-//! keeps, and a loom `AtomicUsize` for the service's users, driven as `ShardedTimer`
-//! and `Registration` drive it (`src/timer.rs`: the last user's drop calls `release`
-//! on every home; `src/home.rs`: a sleep's drop calls `leave`).
-//! Asserts: while a sleep is registered the home holds its reference (the service is
-//! alive: the model's "service" `Arc` has a count above the users'); once the last
-//! user and the last sleep are gone, no home holds a reference (the service is freed:
-//! no leak, no shutdown missed); a reference is taken out at most once.
-//! Seeded bugs that make it fail: without the SeqCst fence in `leave` (both sides of
-//! the Dekker race read stale: "the service outlived its last user and sleep"); a
-//! `release` that does not re-read the sleeps under the lock ("kept while a sleep is
-//! registered").
+//! Explores: the real `Users` and `Home`, with a loom `Arc` of a probe standing for
+//! the service (its drop is the shutdown), driven as `ShardedTimer` drives them
+//! (`src/timer.rs`: a user holds an `Arc<Users>` and a reference to the service; a
+//! sleep clones a home's `Arc` from a user and drops it when done).
+//! Asserts: while a sleep is registered the service is not freed, whichever user goes
+//! last and whenever; once the last user and the last sleep are gone the service is
+//! freed (no leak, no shutdown missed); it is freed once (the probe's drop).
+//! Seeded bugs that make it fail: `Users`'s drop handing the service only to the home
+//! of the dropping thread's core (`homes[0]` in a scratch edit: "the service was freed
+//! while a sleep was registered"); a `Users` drop that keeps nothing (the same).
 //! Command: as in `ring.rs`, with `--test home`.
 #![cfg(loom)]
 
-use loom::sync::atomic::AtomicUsize;
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom_tests::model;
-use sharded_timer::__loom::{user_gone, Home};
+use loom_tests::{model, trace};
+use sharded_timer::__loom::{Home, Users};
 
-/// The service: its users count and its homes, as `Inner` holds them.
+/// The service: its drop is the shutdown, recorded in `freed`.
 struct Service {
-    users: AtomicUsize,
-    homes: [Home<Arc<()>>; 2],
+    freed: Arc<AtomicBool>,
 }
 
-/// A user's drop, as `ShardedTimer::drop`: returns the references taken out.
-fn drop_user(service: &Service) -> Vec<Arc<()>> {
-    user_gone(&service.users, &service.homes)
+impl Drop for Service {
+    fn drop(&mut self) {
+        assert!(!self.freed.swap(true, Ordering::SeqCst), "freed twice");
+    }
+}
+
+/// A user, as `ShardedTimer` is: the users' share and its own reference.
+#[derive(Clone)]
+struct User {
+    users: Arc<Users<Home<Arc<Service>>, Arc<Service>>>,
+    _service: Arc<Service>,
+}
+
+/// A service with two homes and one user.
+fn service() -> (User, Arc<AtomicBool>) {
+    let freed = Arc::new(AtomicBool::new(false));
+    let service = Arc::new(Service {
+        freed: freed.clone(),
+    });
+    let homes: Box<[Arc<Home<Arc<Service>>>]> =
+        vec![Arc::new(Home::new()), Arc::new(Home::new())].into();
+    let user = User {
+        users: Arc::new(Users::new(homes, service.clone())),
+        _service: service,
+    };
+    (user, freed)
 }
 
 #[test]
-fn the_last_sleep_and_the_last_user_racing_free_the_service_once() {
+fn a_sleep_keeps_the_service_while_its_last_user_goes() {
     model(|| {
-        // `token` stands for the service's own allocation: the model holds one count,
-        // each home's reference one more.
-        let token = Arc::new(());
-        let service = Arc::new(Service {
-            users: AtomicUsize::new(1),
-            homes: [Home::new(), Home::new()],
-        });
-        // A sleep made (on home 0) while the user is alive.
-        service.homes[0].enter(&token);
-        let sleep = {
-            let service = service.clone();
-            let token = token.clone();
+        let (user, freed) = service();
+        // A sleep made on home 1 from the user, then sent to its own thread.
+        let sleep = user.users.homes()[1].clone();
+        let sleeper = {
+            let freed = freed.clone();
             thread::spawn(move || {
-                // While registered, the home holds the reference.
-                assert!(service.homes[0].keeps(), "kept while a sleep is registered");
-                let taken = service.homes[0].leave(&service.users);
-                drop(token);
-                taken
+                assert!(
+                    !freed.load(Ordering::SeqCst),
+                    "the service was freed while a sleep was registered"
+                );
+                drop(sleep);
+                trace("sleep dropped");
             })
         };
-        let user = {
-            let service = service.clone();
-            thread::spawn(move || drop_user(&service))
-        };
-        let from_sleep = sleep.join().unwrap();
-        let from_user = user.join().unwrap();
-        let taken = usize::from(from_sleep.is_some()) + from_user.len();
-        assert_eq!(
-            taken, 1,
-            "the service outlived its last user and sleep, or was taken twice"
+        let dropper = thread::spawn(move || {
+            drop(user);
+            trace("last user dropped");
+        });
+        sleeper.join().unwrap();
+        dropper.join().unwrap();
+        assert!(
+            freed.load(Ordering::SeqCst),
+            "the service outlived its last user and sleep"
         );
-        drop(from_sleep);
-        drop(from_user);
-        assert_eq!(Arc::strong_count(&token), 1, "no home keeps the service");
-        assert!(!service.homes[0].keeps() && !service.homes[1].keeps());
     });
 }
 
 #[test]
-fn a_sleep_made_and_dropped_on_each_home_while_the_user_goes() {
+fn sleeps_on_both_homes_and_two_users_going_in_any_order() {
     model(|| {
-        let token = Arc::new(());
-        let service = Arc::new(Service {
-            users: AtomicUsize::new(2),
-            homes: [Home::new(), Home::new()],
-        });
-        // Two users, each making one sleep on its own home, then dropping the sleep
-        // and then itself; the sleeps are registered while their user holds on.
-        let threads: Vec<_> = (0..2)
-            .map(|index| {
-                let service = service.clone();
-                let token = token.clone();
+        let (user, freed) = service();
+        let other = user.clone();
+        // Each user makes a sleep on its own home and passes it on; then the user
+        // goes; the sleep checks the service, then goes.
+        let threads: Vec<_> = [user, other]
+            .into_iter()
+            .enumerate()
+            .map(|(index, user)| {
+                let freed = freed.clone();
                 thread::spawn(move || {
-                    let home = &service.homes[index];
-                    home.enter(&token);
-                    assert!(home.keeps(), "kept right after entering");
-                    let mut taken: Vec<Arc<()>> = home.leave(&service.users).into_iter().collect();
-                    taken.extend(drop_user(&service));
-                    drop(token);
-                    taken
+                    let sleep = user.users.homes()[index].clone();
+                    drop(user);
+                    assert!(
+                        !freed.load(Ordering::SeqCst),
+                        "the service was freed while a sleep was registered"
+                    );
+                    drop(sleep);
                 })
             })
             .collect();
-        let mut taken = Vec::new();
         for thread in threads {
-            taken.extend(thread.join().unwrap());
+            thread.join().unwrap();
         }
-        // Each home took a reference once; both must be given back.
-        assert_eq!(
-            taken.len(),
-            2,
-            "every home's reference comes out exactly once"
+        assert!(
+            freed.load(Ordering::SeqCst),
+            "the service outlived its last user and sleep"
         );
-        drop(taken);
-        assert_eq!(Arc::strong_count(&token), 1, "no home keeps the service");
     });
 }

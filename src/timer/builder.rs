@@ -11,10 +11,10 @@ use crate::dispatch::{Callbacks, Dispatch, Mode, ShardTask};
 use crate::error::BuildError;
 use crate::executor::{thread_name, Executor};
 use crate::handle::HandleOptions;
-use crate::home::CoreHome;
+use crate::home::{CoreHome, Users};
 use crate::limit::PendingLimit;
 use crate::shard::{ShardShared, ShardThread};
-use crate::sync::{thread, Arc, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Mutex};
+use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex};
 
 /// Default slots per ring.
 const DEFAULT_RING_CAPACITY: usize = 4096;
@@ -345,7 +345,6 @@ impl Builder {
                 }
             }
         }
-        let users = Arc::new(CachePadded::new(AtomicUsize::new(1)));
         let homes = shared
             .iter()
             .zip(direct_ports)
@@ -357,29 +356,27 @@ impl Builder {
                     time.clone(),
                     limit.clone(),
                     handle_options.clone(),
-                    users.clone(),
                 ))
             })
             .collect();
-        Ok(ShardedTimer {
-            inner: Arc::new(Inner {
-                #[cfg(feature = "metrics")]
-                exported: std::sync::Mutex::default(),
-                shards: shared.into_boxed_slice(),
-                homes,
-                users,
-                clock,
-                time,
-                limit,
-                stopped: AtomicBool::new(false),
-                executor,
-                callback_panics,
-                threads: Mutex::new(Some(Threads {
-                    shards: shard_threads,
-                    workers: worker_threads,
-                })),
-                tick: self.tick,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            #[cfg(feature = "metrics")]
+            exported: std::sync::Mutex::default(),
+            shards: shared.into_boxed_slice(),
+            clock,
+            time,
+            limit,
+            stopped: AtomicBool::new(false),
+            executor,
+            callback_panics,
+            threads: Mutex::new(Some(Threads {
+                shards: shard_threads,
+                workers: worker_threads,
+            })),
+            tick: self.tick,
+        });
+        // The homes are held by the service's users, not by the service (`home.rs`).
+        let users = Arc::new(Users::new(homes, inner.clone()));
+        Ok(ShardedTimer { inner, users })
     }
 }
