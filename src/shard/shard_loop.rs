@@ -1086,6 +1086,66 @@ impl ModelShard {
     }
 }
 
+#[cfg(loom)]
+impl ModelShard {
+    /// A watcher's park, as its loop takes it: `plan_park` holding the token, with a
+    /// fresh [`Watch`] of `watched` (`rescue_after` ticks), then `park` without it
+    /// (ticks of an hour: the model runs in tick 0). A timed park is a plain park
+    /// under loom, so the model says by `bound` which sleeps it counts as correct: a
+    /// plan that turns again at once, or sleeps until a tick at or before `bound`, is
+    /// not slept (the shard publishes it is awake again) and the call returns `true`;
+    /// any other sleep is slept until an unpark, and the call returns `false`.
+    pub fn watch_park_unless_looking_by(
+        &self,
+        watched: &ModelShard,
+        rescue_after: u64,
+        bound: Tick,
+    ) -> bool {
+        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
+        let watch = Watch::new(watched.link.clone(), rescue_after);
+        let plan = self.link.custody.with(|held| {
+            held.core
+                .as_ref()
+                .map(|core| plan_park(core, clock, None, 0, Some(&watch), None))
+        });
+        match plan {
+            Some(Park::No) => true,
+            Some(Park::Until(until, _)) if clock.tick_of(until) <= bound => {
+                self.link.shared.wake_up();
+                true
+            }
+            Some(plan) => {
+                park(plan, &self.link.shared, None, false);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// This shard parks with `watcher` watching it (`rescue_after` ticks), and is
+    /// woken at once: `plan_park` and `park`'s `tell_watcher`, as its loop takes
+    /// them, but the thread's sleep itself left out, as if a producer's unpark had
+    /// come first; then it publishes it is awake, as `park` does on return.
+    pub fn park_woken_at_once(&self, watcher: &ModelShard, rescue_after: u64) {
+        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
+        let plan = self.link.custody.with(|held| {
+            held.core
+                .as_ref()
+                .map(|core| plan_park(core, clock, None, 0, None, None))
+        });
+        if let Some(plan) = plan {
+            tell_watcher(plan, Some(&(watcher.link.shared.clone(), rescue_after)));
+        }
+        self.link.shared.wake_up();
+    }
+
+    /// What the shard loop does at tick `now` before this shard runs its first inline
+    /// callback of a dispatch phase (`alert_watcher`), with `watcher` watching it.
+    pub fn alert_watcher(&self, watcher: &ModelShard, rescue_after: u64, now: Tick) {
+        alert_watcher(Some(&(watcher.link.shared.clone(), rescue_after)), now);
+    }
+}
+
 /// The models' way into the shard thread's real park (`plan_park`, `park`), on the
 /// system clock, with ticks of an hour (so the wall time a model takes stays in tick
 /// 0). Loom only.
@@ -1215,6 +1275,20 @@ fn nudge_unless_looking_by(watcher: &ShardShared, by: u64) {
     }
 }
 
+/// Before this shard sleeps as `plan` says: unparks its watcher if the watcher sleeps
+/// past `rescue_after` after this shard's next expiry, the latest it must look
+/// (ground rules: watching; after `prepare_park`'s fence).
+fn tell_watcher(plan: Park, watcher: Option<&(Arc<ShardShared>, u64)>) {
+    let (Park::Indefinitely(due) | Park::Until(_, due)) = plan else {
+        return;
+    };
+    if let Some((watcher, rescue_after)) = watcher {
+        if due != Tick::NEVER {
+            nudge_unless_looking_by(watcher, due.get().saturating_add(*rescue_after));
+        }
+    }
+}
+
 /// Sleeps as `plan` says, without the token; first unparks the watcher if this shard
 /// has timers due before the watcher's own wake-up allows for (ground rules: watching).
 /// With pushes `deferred`, sleeps a millisecond at most, to retry them.
@@ -1224,16 +1298,10 @@ fn park(
     watcher: Option<&(Arc<ShardShared>, u64)>,
     deferred: bool,
 ) {
-    let due = match plan {
-        Park::No => return,
-        Park::Indefinitely(due) | Park::Until(_, due) => due,
-    };
-    if let Some((watcher, rescue_after)) = watcher {
-        // The watcher must look by `due + rescue_after` (after `prepare_park`'s fence).
-        if due != Tick::NEVER {
-            nudge_unless_looking_by(watcher, due.get().saturating_add(*rescue_after));
-        }
+    if matches!(plan, Park::No) {
+        return;
     }
+    tell_watcher(plan, watcher);
     let retry = std::time::Duration::from_millis(1);
     match plan {
         Park::No => {}
