@@ -15,9 +15,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::handle::EntryHandle;
 use crate::home::CoreHome;
 use crate::timer::{Inner, SleepHome};
-use crate::{ScheduleError, ShardedTimer, TimerHandle};
+use crate::{ScheduleError, ShardedTimer};
 
 /// A future that completes at or after a deadline; made by [`ShardedTimer::sleep`]
 /// and [`ShardedTimer::sleep_until`].
@@ -86,7 +87,7 @@ pub struct Sleep {
 /// An armed sleep: its timer, or why it needs none.
 enum Armed {
     /// The timer; its entry holds the outcome and the waker (`entry/sleep.rs`).
-    Timer(TimerHandle),
+    Timer(EntryHandle),
     /// The deadline had passed when the sleep was armed: elapsed, with no timer.
     Elapsed,
     /// The service refused the timer: completed, not elapsed.
@@ -167,21 +168,21 @@ impl Armed {
     /// a no-op if it already fired. Either way the stored waker is taken out and
     /// dropped here, on the caller's thread, last: the entry's last reference may go
     /// on a shard thread, which must never drop user code (`entry/sleep.rs`).
-    fn disarm(&self) {
-        drop(self.give_up());
+    fn disarm(&self, home: &CoreHome<Arc<Inner>>) {
+        drop(self.give_up(home));
     }
 
     /// As [`disarm`](Self::disarm), but the stored waker, if any, comes back to the
     /// caller instead of being dropped: a re-armed sleep whose task waits on it must
     /// wake that task, or nothing would (its old timer will not fire).
-    fn give_up(&self) -> Option<Waker> {
+    fn give_up(&self, home: &CoreHome<Arc<Inner>>) -> Option<Waker> {
         let Armed::Timer(handle) = self else {
             return None;
         };
         let shared = handle.sleep_shared()?;
         let (disarmed, waker) = shared.give_up();
         if disarmed {
-            let _ = handle.cancel();
+            let _ = handle.cancel(home.limit());
         }
         waker
     }
@@ -353,11 +354,12 @@ impl Sleep {
         };
         let moved = !this.home.is_past(deadline)
             && armed.outcome() == WAITING
-            && matches!(armed, Armed::Timer(handle) if handle.reset_at(deadline));
+            && matches!(armed, Armed::Timer(handle)
+                if handle.reset_to(this.home.clock().instant_to_ns(deadline)));
         if moved {
             return;
         }
-        let waiting = armed.give_up();
+        let waiting = armed.give_up(&this.home);
         // A deadline at or before now: no timer; the next poll completes the sleep.
         this.armed = Armed::unless_past(&this.home, deadline, false);
         // A task that polled the old timer waits on it, which will never fire now:
@@ -396,7 +398,7 @@ impl Future for Sleep {
 impl Drop for Sleep {
     fn drop(&mut self) {
         if let Some(armed) = &self.armed {
-            armed.disarm();
+            armed.disarm(&self.home);
         }
     }
 }

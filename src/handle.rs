@@ -14,7 +14,7 @@ use crate::sync::Arc;
 
 /// A handle to one scheduled timer: cancel it, ask its state.
 ///
-/// A handle is 24 bytes. Cloning it is cheap: a reference count on the timer's own
+/// A handle is 24 bytes: the timer's entry, its shard's port, the service's options. Cloning it is cheap: a reference count on the timer's own
 /// allocation (and, for a service built with `max_pending` or a
 /// [`ManualClock`](crate::ManualClock), one on the service's options). **Dropping a handle does not cancel the timer**: fire-and-forget is the common case.
 /// A handle may outlive the service; its calls then keep working on what is left.
@@ -41,12 +41,56 @@ use crate::sync::Arc;
 /// ```
 #[derive(Clone)]
 pub struct TimerHandle {
+    /// The timer's entry and its shard's port.
+    timer: EntryHandle,
+    /// The service's options that a handle honours, if it has any.
+    options: Option<Arc<HandleOptions>>,
+}
+
+/// What every handle of a timer holds: its entry (one counted reference) and where a
+/// winning cancel or an earlier reset sends its message. 16 bytes: a `Sleep` holds
+/// this alone and reaches the service's options through its home, so that arming
+/// returns it in two registers (a 24-byte `TimerHandle` came back through memory,
+/// and the sleep's first poll stalled copying it: about 10 % of a pending timeout's
+/// samples, issue 30).
+#[derive(Clone)]
+pub(crate) struct EntryHandle {
     /// The timer's entry (one counted reference).
     entry: EntryRef,
     /// Where a winning cancel sends its message when the entry is filed.
     port: CancelPort<ShardShared>,
-    /// The service's options that a handle honours, if it has any.
-    options: Option<Arc<HandleOptions>>,
+}
+
+impl EntryHandle {
+    /// Wraps a new timer's handle reference, on `shard`.
+    pub(crate) fn new(entry: EntryRef, shard: &ShardShared) -> Self {
+        EntryHandle {
+            entry,
+            port: shard.port(),
+        }
+    }
+
+    /// As [`TimerHandle::cancel`], with the service's pending bound `limit`, if any.
+    pub(crate) fn cancel(&self, limit: Option<&PendingLimit>) -> bool {
+        let Some(callback) = self.entry.cancel(&self.port) else {
+            return false;
+        };
+        if let Some(limit) = limit.filter(|_| self.entry.holds_room()) {
+            limit.release();
+        }
+        drop(callback);
+        true
+    }
+
+    /// The outcome and waker of a `Sleep`'s timer (`None` for any other timer).
+    pub(crate) fn sleep_shared(&self) -> Option<&SleepShared> {
+        self.entry.sleep_shared()
+    }
+
+    /// As [`TimerHandle::reset_at`], to `deadline` in nanoseconds from tick 0.
+    pub(crate) fn reset_to(&self, deadline: Nanos) -> bool {
+        self.entry.reset(deadline, &self.port)
+    }
 }
 
 /// What a handle needs of a service configured away from the defaults: the pending
@@ -92,16 +136,8 @@ impl TimerHandle {
     }
 
     /// Wraps a new timer's handle reference.
-    pub(crate) fn new(
-        entry: EntryRef,
-        shard: &ShardShared,
-        options: Option<Arc<HandleOptions>>,
-    ) -> Self {
-        TimerHandle {
-            entry,
-            port: shard.port(),
-            options,
-        }
+    pub(crate) fn new(timer: EntryHandle, options: Option<Arc<HandleOptions>>) -> Self {
+        TimerHandle { timer, options }
     }
 
     /// Cancels the timer. Returns `true` iff this call moved it from Pending to
@@ -124,31 +160,19 @@ impl TimerHandle {
     /// Only if the callback's destructor panics (the panic propagates, after the
     /// cancel has fully taken effect).
     pub fn cancel(&self) -> bool {
-        let Some(callback) = self.entry.cancel(&self.port) else {
-            return false;
-        };
-        let limit = self.options.as_ref().and_then(|o| o.limit.as_ref());
-        if let Some(limit) = limit.filter(|_| self.entry.holds_room()) {
-            limit.release();
-        }
-        drop(callback);
-        true
+        let limit = self.options.as_ref().and_then(|o| o.limit.as_deref());
+        self.timer.cancel(limit)
     }
 
     /// The timer's state now. [`TimerState::Fired`] means the callback was handed to
     /// the executor, not necessarily that it has finished.
     pub fn state(&self) -> TimerState {
-        self.entry.state()
+        self.timer.entry.state()
     }
 
     /// The timer's id.
     pub fn id(&self) -> TimerId {
-        self.entry.id()
-    }
-
-    /// The outcome and waker of a `Sleep`'s timer (`None` for any other timer).
-    pub(crate) fn sleep_shared(&self) -> Option<&SleepShared> {
-        self.entry.sleep_shared()
+        self.timer.entry.id()
     }
 
     /// When the timer is due: the requested deadline (or the last successful
@@ -159,7 +183,7 @@ impl TimerHandle {
     /// the clock's far future, about 292 years after its start: on the system clock
     /// it never comes; a manual clock's `advance(Duration::MAX)` reaches it.
     pub fn deadline(&self) -> Instant {
-        instant_after(self.start(), self.entry.deadline())
+        instant_after(self.start(), self.timer.entry.deadline())
     }
 
     /// Moves the timer's deadline to `delay` from now. Returns `true` iff the timer was
@@ -200,7 +224,7 @@ impl TimerHandle {
             Some(deadline) => ns_since(self.start(), deadline),
             None => Nanos::FAR_FUTURE,
         };
-        self.entry.reset(deadline, &self.port)
+        self.timer.reset_to(deadline)
     }
 
     /// Moves the timer's deadline to `deadline`; as [`reset`](Self::reset), including
@@ -211,8 +235,7 @@ impl TimerHandle {
     ///
     /// Never.
     pub fn reset_at(&self, deadline: Instant) -> bool {
-        self.entry
-            .reset(ns_since(self.start(), deadline), &self.port)
+        self.timer.reset_to(ns_since(self.start(), deadline))
     }
 }
 

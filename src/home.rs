@@ -46,7 +46,7 @@ use std::time::Instant;
 use crate::clock::{Clock, Nanos, TimeSource};
 use crate::entry::EntryRef;
 use crate::error::ScheduleError;
-use crate::handle::{HandleOptions, TimerHandle};
+use crate::handle::{EntryHandle, HandleOptions, TimerHandle};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
 use crate::shard::{DirectPort, ShardShared};
@@ -116,6 +116,11 @@ impl<K: Clone> CoreHome<K> {
         self.time.is_past(deadline)
     }
 
+    /// The service's pending bound, if configured.
+    pub(crate) fn limit(&self) -> Option<&PendingLimit> {
+        self.limit.as_deref()
+    }
+
     /// The service's clock.
     pub(crate) fn clock(&self) -> &Clock {
         &self.clock
@@ -136,6 +141,23 @@ impl<K: Clone> CoreHome<K> {
         holds_room: bool,
         make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
     ) -> Result<TimerHandle, ScheduleError> {
+        self.file(id, deadline, holds_room, make)
+            .map(|timer| TimerHandle::new(timer, self.handle_options.clone()))
+    }
+
+    /// As [`enqueue`](Self::enqueue), returning the handle without the options (a
+    /// `Sleep`'s: it reaches them through its home).
+    ///
+    /// # Errors
+    ///
+    /// As [`enqueue`](Self::enqueue).
+    fn file(
+        &self,
+        id: TimerId,
+        deadline: Nanos,
+        holds_room: bool,
+        make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
+    ) -> Result<EntryHandle, ScheduleError> {
         let limit = self.limit.as_ref().filter(|_| holds_room);
         if let Some(limit) = limit {
             if !limit.try_acquire() {
@@ -158,11 +180,7 @@ impl<K: Clone> CoreHome<K> {
             }
             return Err(ScheduleError::Shutdown);
         }
-        Ok(TimerHandle::new(
-            handle_ref,
-            shard,
-            self.handle_options.clone(),
-        ))
+        Ok(EntryHandle::new(handle_ref, shard))
     }
 
     /// Schedules a `Sleep`'s timer at `deadline` (its entry holds the sleep's outcome
@@ -177,9 +195,9 @@ impl<K: Clone> CoreHome<K> {
         &self,
         deadline: Instant,
         holds_room: bool,
-    ) -> Result<TimerHandle, ScheduleError> {
+    ) -> Result<EntryHandle, ScheduleError> {
         let deadline = self.clock.instant_to_ns(deadline);
-        self.enqueue(TimerId::next(), deadline, holds_room, |id| {
+        self.file(TimerId::next(), deadline, holds_room, |id| {
             EntryRef::new_sleep(id, deadline, holds_room)
         })
     }
