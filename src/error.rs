@@ -24,6 +24,38 @@ pub enum ScheduleError {
     },
 }
 
+/// A [`ScheduleError`] without the limit, which its service knows: one byte, so that
+/// a sleep's arming (`Result<EntryHandle, Refusal>`, 16 bytes) comes back in two
+/// registers instead of through memory (issue 30).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// [`ScheduleError::Shutdown`].
+    Shutdown,
+    /// [`ScheduleError::TooManyPending`].
+    TooManyPending,
+}
+
+impl Refusal {
+    /// The error, with the service's `limit` (`max_pending`, if configured).
+    pub(crate) fn error(self, limit: Option<usize>) -> ScheduleError {
+        match self {
+            Refusal::Shutdown => ScheduleError::Shutdown,
+            Refusal::TooManyPending => ScheduleError::TooManyPending {
+                limit: limit.unwrap_or(0),
+            },
+        }
+    }
+}
+
+impl From<ScheduleError> for Refusal {
+    fn from(error: ScheduleError) -> Refusal {
+        match error {
+            ScheduleError::Shutdown => Refusal::Shutdown,
+            ScheduleError::TooManyPending { .. } => Refusal::TooManyPending,
+        }
+    }
+}
+
 impl fmt::Display for ScheduleError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::error::Refusal;
 use crate::handle::EntryHandle;
 use crate::home::CoreHome;
 use crate::timer::{Inner, SleepHome};
@@ -80,21 +81,45 @@ pub struct Sleep {
     /// a timeout whose future was pending at its first poll. [`FIXED`] otherwise (a
     /// `u64`, not an `Option<Duration>`: 8 bytes less in every future that holds one).
     unfixed: u64,
-    /// The timer, once armed: at creation, or on the first poll for a `Timeout`'s.
-    armed: Option<Armed>,
+    /// The timer, once armed: at creation, or on the first poll for a `Timeout`'s
+    /// (until then `Done(Done::Unarmed)`).
+    armed: Armed,
 }
 
-/// An armed sleep: its timer, or why it needs none.
+/// An armed sleep: its timer, or why it needs none. 16 bytes, a pair of words, which
+/// arming writes and the first poll reads whole (a 24-byte `Armed`, its tag a byte
+/// apart from its timer, was copied through the stack in pieces the poll then read
+/// as one, a stalled load each first poll: issue 30).
 enum Armed {
     /// The timer; its entry holds the outcome and the waker (`entry/sleep.rs`).
     Timer(EntryHandle),
-    /// The deadline had passed when the sleep was armed: elapsed, with no timer.
+    /// No timer: not armed yet, or completed without one.
+    Done(Done),
+}
+
+/// Why a sleep has no timer: not armed yet, or completed without one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Done {
+    /// Not armed yet: armed by its first poll.
+    Unarmed,
+    /// The deadline had passed when the sleep was armed: elapsed.
     Elapsed,
     /// The service refused the timer: completed, not elapsed.
-    Refused(ScheduleError),
+    Refused(Refusal),
 }
 
 impl Armed {
+    /// Not armed yet.
+    const UNARMED: Armed = Armed::Done(Done::Unarmed);
+
+    /// `None` if not armed yet.
+    fn get(&self) -> Option<&Armed> {
+        match self {
+            Armed::Done(Done::Unarmed) => None,
+            armed => Some(armed),
+        }
+    }
+
     /// Schedules a sleep's timer on `home` for `deadline`; it holds room under
     /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
     /// the service's now needs no timer: the sleep is elapsed at once (guarantee 8;
@@ -108,34 +133,39 @@ impl Armed {
             crate::clock::catch_up_before_arming();
         }
         if home.is_past(deadline) {
-            return Armed::Elapsed;
+            return Armed::Done(Done::Elapsed);
         }
         Armed::ahead(home, deadline, holds_room)
     }
 
     /// As [`new`](Self::new), for a `deadline` known to be after the service's now.
     fn ahead(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
+        let mut armed = Armed::UNARMED;
+        armed.arm_ahead(home, deadline, holds_room);
+        armed
+    }
+
+    /// As [`ahead`](Self::ahead), into `self`: each outcome stored where it stays (a
+    /// 16-byte outcome merged from the branches went through the stack as two 8-byte
+    /// stores read back as one 16-byte load, which stalls: issue 30).
+    fn arm_ahead(&mut self, home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) {
         match home.schedule_sleep(deadline, holds_room) {
             Ok(handle) => {
                 // A paused thread's mirror looks for the earliest timer again.
                 #[cfg(not(loom))]
                 crate::clock::note_armed(deadline);
-                Armed::Timer(handle)
+                *self = Armed::Timer(handle);
             }
-            Err(error) => Armed::Refused(error),
+            Err(refusal) => *self = Armed::Done(Done::Refused(refusal)),
         }
     }
 
-    /// As [`new`](Self::new), but `None` for a deadline already past: the sleep is
+    /// As [`new`](Self::new), but unarmed for a deadline already past: the sleep is
     /// then armed, and completed, by its next poll (not elapsed before it).
-    fn unless_past(
-        home: &CoreHome<Arc<Inner>>,
-        deadline: Instant,
-        holds_room: bool,
-    ) -> Option<Armed> {
+    fn unless_past(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
         match Armed::new(home, deadline, holds_room) {
-            Armed::Elapsed => None,
-            armed => Some(armed),
+            Armed::Done(Done::Elapsed) => Armed::UNARMED,
+            armed => armed,
         }
     }
 
@@ -143,7 +173,7 @@ impl Armed {
     fn shared(&self) -> Option<&SleepShared> {
         match self {
             Armed::Timer(handle) => handle.sleep_shared(),
-            Armed::Elapsed | Armed::Refused(_) => None,
+            Armed::Done(_) => None,
         }
     }
 
@@ -151,8 +181,9 @@ impl Armed {
     fn outcome(&self) -> u8 {
         match self {
             Armed::Timer(_) => self.shared().map_or(ABANDONED, SleepShared::outcome),
-            Armed::Elapsed => ELAPSED,
-            Armed::Refused(_) => ABANDONED,
+            Armed::Done(Done::Elapsed) => ELAPSED,
+            Armed::Done(Done::Refused(_)) => ABANDONED,
+            Armed::Done(Done::Unarmed) => WAITING,
         }
     }
 
@@ -215,7 +246,7 @@ impl Sleep {
             deadline: saturated(&home, deadline),
             home,
             unfixed: FIXED,
-            armed: None,
+            armed: Armed::UNARMED,
         }
     }
 
@@ -242,7 +273,7 @@ impl Sleep {
             deadline: saturated(&home, deadline),
             home,
             unfixed,
-            armed: None,
+            armed: Armed::UNARMED,
         }
     }
 
@@ -251,21 +282,21 @@ impl Sleep {
     /// the timer unless the deadline has passed.
     fn arm(&mut self) -> &Armed {
         let unfixed = std::mem::replace(&mut self.unfixed, FIXED);
-        let armed = match unfixed {
-            FIXED => Armed::new(&self.home, self.deadline, false),
+        match unfixed {
+            FIXED => self.armed = Armed::new(&self.home, self.deadline, false),
             delay => {
                 let now = self.home.now();
                 if let Some(from_now) = now.checked_add(std::time::Duration::from_nanos(delay)) {
                     self.deadline = self.deadline.min(from_now);
                 }
                 if self.deadline <= now {
-                    Armed::Elapsed
+                    self.armed = Armed::Done(Done::Elapsed);
                 } else {
-                    Armed::ahead(&self.home, self.deadline, false)
+                    self.armed.arm_ahead(&self.home, self.deadline, false);
                 }
             }
-        };
-        self.armed.insert(armed)
+        }
+        &self.armed
     }
 
     /// The service's now.
@@ -283,8 +314,8 @@ impl Sleep {
     /// it was pending: [`ScheduleError::Shutdown`]); `None` while pending and after it
     /// elapsed.
     pub fn refused(&self) -> Option<ScheduleError> {
-        match self.armed.as_ref()? {
-            Armed::Refused(error) => Some(*error),
+        match self.armed.get()? {
+            Armed::Done(Done::Refused(refusal)) => Some(self.home.refusal_error(*refusal)),
             armed if armed.outcome() == ABANDONED => Some(ScheduleError::Shutdown),
             _ => None,
         }
@@ -308,6 +339,7 @@ impl Sleep {
     /// it), and for a sleep that completed because its service shut down.
     pub fn is_elapsed(&self) -> bool {
         self.armed
+            .get()
             .as_ref()
             .is_some_and(|armed| armed.outcome() == ELAPSED)
     }
@@ -349,7 +381,7 @@ impl Sleep {
         let deadline = saturated(&this.home, deadline);
         this.deadline = deadline;
         this.unfixed = FIXED;
-        let Some(armed) = &this.armed else {
+        let Some(armed) = this.armed.get() else {
             return; // armed on the first poll, for the new deadline
         };
         let moved = !this.home.is_past(deadline)
@@ -388,8 +420,8 @@ impl Future for Sleep {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let armed = match this.armed {
-            Some(ref armed) => armed,
-            None => this.arm(),
+            Armed::Done(Done::Unarmed) => this.arm(),
+            ref armed => armed,
         };
         armed.poll(cx)
     }
@@ -397,7 +429,7 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(armed) = &self.armed {
+        if let Some(armed) = self.armed.get() {
             armed.disarm(&self.home);
         }
     }
@@ -407,7 +439,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
-            .field("armed", &self.armed.is_some())
+            .field("armed", &self.armed.get().is_some())
             .field("elapsed", &self.is_elapsed())
             .finish()
     }
@@ -582,7 +614,7 @@ impl ShardedTimer {
     pub fn try_sleep_until(&self, deadline: impl Into<Instant>) -> Result<Sleep, ScheduleError> {
         let sleep = Sleep::new(self, deadline.into(), true);
         match sleep.armed {
-            Some(Armed::Refused(error)) => Err(error),
+            Armed::Done(Done::Refused(refusal)) => Err(sleep.home.refusal_error(refusal)),
             _ => Ok(sleep),
         }
     }

@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use crate::clock::{Clock, Nanos, TimeSource};
 use crate::entry::EntryRef;
-use crate::error::ScheduleError;
+use crate::error::{Refusal, ScheduleError};
 use crate::handle::{EntryHandle, HandleOptions, TimerHandle};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
@@ -114,6 +114,11 @@ impl<K: Clone> CoreHome<K> {
     /// Whether `deadline` is at or before the service's now (cheaply: `coarse.rs`).
     pub(crate) fn is_past(&self, deadline: Instant) -> bool {
         self.time.is_past(deadline)
+    }
+
+    /// The error a [`Refusal`] stands for on this service.
+    pub(crate) fn refusal_error(&self, refusal: Refusal) -> ScheduleError {
+        refusal.error(self.limit.as_ref().map(|limit| limit.limit()))
     }
 
     /// The service's pending bound, if configured.
@@ -195,11 +200,12 @@ impl<K: Clone> CoreHome<K> {
         &self,
         deadline: Instant,
         holds_room: bool,
-    ) -> Result<EntryHandle, ScheduleError> {
+    ) -> Result<EntryHandle, Refusal> {
         let deadline = self.clock.instant_to_ns(deadline);
         self.file(TimerId::next(), deadline, holds_room, |id| {
             EntryRef::new_sleep(id, deadline, holds_room)
         })
+        .map_err(Refusal::from)
     }
 }
 
