@@ -743,6 +743,7 @@ impl ShardThread {
             let _ = core_affinity::set_for_current(core);
         }
         crate::sync::prompt_wake_ups();
+        settle_allocator();
         #[cfg(loom)]
         let _ = pin_to;
         let ShardThread {
@@ -1173,6 +1174,23 @@ impl Drop for AbortOnUnwind {
             std::process::abort();
         }
     }
+}
+
+/// Makes the allocator do, as the shard thread starts, the work it would otherwise do
+/// at the thread's first large allocation, mid-load: one allocation of a few KiB,
+/// freed at once.
+///
+/// glibc hands a new thread the arena of a thread that has exited. If that thread
+/// freed many small blocks (a heap-based timer, a `Mutex<BinaryHeap>` of `Arc`s), the
+/// arena holds them in its fast bins, and glibc walks them all (`malloc_consolidate`)
+/// at the arena's next request of 1 KiB or more. Found by `--compare`: an inline
+/// service built after such a peer's round missed its deadlines by 20–80 ms at p99
+/// under the rpc load, with `malloc_consolidate` on both shard threads in the profile.
+/// `GLIBC_TUNABLES=glibc.malloc.mxfast=0` removed the outliers, and so does this, with
+/// no setting (0 outliers in 7 driver runs, against 4 in 10 before). Elsewhere it
+/// costs one allocation per shard thread.
+fn settle_allocator() {
+    drop(std::hint::black_box(Vec::<u8>::with_capacity(4096)));
 }
 
 /// What the shard thread does instead of another turn.
