@@ -57,29 +57,47 @@ fn wait_for(done: &AtomicBool) {
     }
 }
 
+/// Two shards: the watcher on the model's own thread (as its loop), and the watched
+/// one, whose owner runs `owner` on a thread of its own meanwhile. The watcher plans
+/// and parks until it looks by tick `bound` (`watch_until_looking_by`), then waits
+/// for the owner. Returns both shards, to be shut down.
+fn watcher_on_this_thread_and_owner(
+    owner: impl FnOnce(&ModelShard, &ModelShard) + Send + 'static,
+    bound: u64,
+) -> (ModelShard, ModelShard) {
+    let (watcher_shared, watcher_core) = shard::new(2);
+    watcher_shared.set_thread(thread::current());
+    let watcher = ModelShard::new(watcher_core);
+    let (_, watched_core) = shard::new(2);
+    let watched = ModelShard::new(watched_core);
+    let done = Arc::new(AtomicBool::new(false));
+    {
+        let watcher = watcher.clone();
+        let watched = watched.clone();
+        let done = done.clone();
+        thread::spawn(move || {
+            owner(&watcher, &watched);
+            // ORDERING: Release: pairs with `wait_for`'s Acquire.
+            done.store(true, Ordering::Release);
+        });
+    }
+    watch_until_looking_by(&watcher, &watched, bound);
+    wait_for(&done);
+    (watcher, watched)
+}
+
 #[test]
 fn a_woken_shard_about_to_run_a_callback_makes_its_parking_watcher_look() {
     model(|| {
-        let (watcher_shared, watcher_core) = shard::new(2);
-        watcher_shared.set_thread(thread::current());
-        let watcher = ModelShard::new(watcher_core);
-        let (_, watched_core) = shard::new(2);
-        let watched = ModelShard::new(watched_core);
-        let done = Arc::new(AtomicBool::new(false));
-        {
-            let watcher = watcher.clone();
-            let watched = watched.clone();
-            let done = done.clone();
-            thread::spawn(move || {
-                watched.park_woken_at_once(&watcher, 1);
+        let (watcher, watched) = watcher_on_this_thread_and_owner(
+            |watcher, watched| {
+                watched.park_woken_at_once(watcher, 1);
                 trace("watched shard woken");
-                watched.alert_watcher(&watcher, 1, Tick::new(0));
+                watched.alert_watcher(watcher, 1, Tick::new(0));
                 trace("watched shard runs a callback that blocks");
-                done.store(true, Ordering::Release);
-            });
-        }
-        watch_until_looking_by(&watcher, &watched, 1);
-        wait_for(&done);
+            },
+            1,
+        );
         assert!(watcher.with_core(|core| core.shut_down().is_empty()));
         assert!(watched.with_core(|core| core.shut_down().is_empty()));
     });
@@ -88,29 +106,18 @@ fn a_woken_shard_about_to_run_a_callback_makes_its_parking_watcher_look() {
 #[test]
 fn a_shard_parking_with_a_timer_due_makes_its_parking_watcher_look() {
     model(|| {
-        let (watcher_shared, watcher_core) = shard::new(2);
-        watcher_shared.set_thread(thread::current());
-        let watcher = ModelShard::new(watcher_core);
-        let (_, watched_core) = shard::new(2);
-        let watched = ModelShard::new(watched_core);
-        let done = Arc::new(AtomicBool::new(false));
-        {
-            let watcher = watcher.clone();
-            let watched = watched.clone();
-            let done = done.clone();
-            thread::spawn(move || {
-                watched.park_woken_at_once(&watcher, 1);
+        let (watcher, watched) = watcher_on_this_thread_and_owner(
+            |watcher, watched| {
+                watched.park_woken_at_once(watcher, 1);
                 let (handle, service) = EntryRef::new(next_id(), Nanos::new(1), || {});
                 assert!(watched.schedule(service, Tick::new(1)).is_ok());
                 trace("a timer due at tick 1 filed");
-                watched.park_woken_at_once(&watcher, 1);
+                watched.park_woken_at_once(watcher, 1);
                 trace("watched shard parked until tick 1");
                 drop(handle);
-                done.store(true, Ordering::Release);
-            });
-        }
-        watch_until_looking_by(&watcher, &watched, 2);
-        wait_for(&done);
+            },
+            2,
+        );
         assert!(watcher.with_core(|core| core.shut_down().is_empty()));
         assert_eq!(watched.with_core(|core| core.shut_down().len()), 1);
     });

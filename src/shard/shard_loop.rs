@@ -1059,6 +1059,19 @@ impl ModelShard {
         rounds
     }
 
+    /// The shard loop's `plan_park`, holding the token, on the models' clock (the
+    /// system clock, ticks of an hour, as `park_for_model`: the model runs in tick 0),
+    /// with `watch` if this shard watches another; `None` if the core was taken.
+    fn model_plan(&self, watch: Option<&Watch>) -> (Clock, Option<Park>) {
+        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
+        let plan = self.link.custody.with(|held| {
+            held.core
+                .as_ref()
+                .map(|core| plan_park(core, clock, None, 0, watch, None))
+        });
+        (clock, plan)
+    }
+
     /// The shard thread's park, as its loop takes it: `plan_park` holding the token,
     /// then `park` without it (system clock, ticks of an hour, as `park_for_model`):
     /// a timed park is a plain park under loom, so the model says by `bound` which
@@ -1067,12 +1080,7 @@ impl ModelShard {
     /// again) and the call returns `true`; any other sleep is slept, until an unpark,
     /// and the call returns `false`.
     pub fn park_unless_due_by(&self, bound: Tick) -> bool {
-        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
-        let plan = self.link.custody.with(|held| {
-            held.core
-                .as_ref()
-                .map(|core| plan_park(core, clock, None, 0, None, None))
-        });
+        let (_, plan) = self.model_plan(None);
         match plan {
             Some(Park::Until(_, due) | Park::Indefinitely(due)) if due <= bound => {
                 self.link.shared.wake_up();
@@ -1102,13 +1110,8 @@ impl ModelShard {
         rescue_after: u64,
         bound: Tick,
     ) -> bool {
-        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
         let watch = Watch::new(watched.link.clone(), rescue_after);
-        let plan = self.link.custody.with(|held| {
-            held.core
-                .as_ref()
-                .map(|core| plan_park(core, clock, None, 0, Some(&watch), None))
-        });
+        let (clock, plan) = self.model_plan(Some(&watch));
         match plan {
             Some(Park::No) => true,
             Some(Park::Until(until, _)) if clock.tick_of(until) <= bound => {
@@ -1128,13 +1131,7 @@ impl ModelShard {
     /// them, but the thread's sleep itself left out, as if a producer's unpark had
     /// come first; then it publishes it is awake, as `park` does on return.
     pub fn park_woken_at_once(&self, watcher: &ModelShard, rescue_after: u64) {
-        let clock = Clock::at(Instant::now(), 3_600_000_000_000);
-        let plan = self.link.custody.with(|held| {
-            held.core
-                .as_ref()
-                .map(|core| plan_park(core, clock, None, 0, None, None))
-        });
-        if let Some(plan) = plan {
+        if let (_, Some(plan)) = self.model_plan(None) {
             tell_watcher(plan, Some(&(watcher.link.shared.clone(), rescue_after)));
         }
         self.link.shared.wake_up();
