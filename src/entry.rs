@@ -50,9 +50,10 @@ use core::ptr::NonNull;
 
 use crate::clock::Nanos;
 use crate::id::{TimerId, TimerState};
-use crate::sync::{AtomicU64, Ordering, UnsafeCell};
+use crate::sync::{Arc, AtomicU64, Ordering, UnsafeCell};
 
 mod message;
+mod options;
 pub(crate) mod pool;
 mod repeat;
 mod sleep;
@@ -61,6 +62,8 @@ mod store;
 mod winner;
 
 pub use message::{CancelPort, CancelSink, Message};
+pub use options::HandleOptions;
+use options::KeptOptions;
 pub use repeat::RunningEntry;
 #[cfg(loom)]
 pub use sleep::DISARMED;
@@ -146,39 +149,46 @@ struct Vtable {
     /// cancelled): every timer of `schedule*` and the `try_*` futures; not the timer of
     /// an infallible future (`sleep`, `timeout`, `interval`: guarantee 9; docs/architecture.md).
     holds_room: bool,
-    /// Whether the allocation is a `SleepEntry` (`sleep.rs`), not an `Entry<F>`.
+    /// Whether the allocation is a `SleepEntry` (`sleep.rs`), not an `Entry<F, O>`.
     sleep: bool,
+    /// Whether the allocation is an `Entry<F, Arc<HandleOptions>>`: its handles honour
+    /// the service options it keeps after the header ([`EntryRef::options`]).
+    options: bool,
 }
 
-/// The allocation: header first, so a pointer to it is a pointer to the header.
+/// The allocation: header first, so a pointer to it is a pointer to the header; then
+/// the options the handles honour (`O`: [`KeptOptions`]), then the callback.
 #[repr(C)]
-struct Entry<F> {
+struct Entry<F, O = ()> {
     /// The type-erased part.
     header: Header,
+    /// What the handles honour of the service; dropped with the allocation.
+    options: O,
     /// The callback; initialised until run or dropped (ground rule 2).
     callback: UnsafeCell<MaybeUninit<F>>,
 }
 
-impl<F: FnOnce() + Send + 'static> Entry<F> {
+impl<F: FnOnce() + Send + 'static, O: KeptOptions> Entry<F, O> {
     /// The vtable for callbacks of type `F`.
     const VTABLE: Vtable = Vtable {
         run: Self::run,
-        drop_callback: Entry::<F>::drop_callback_any,
-        dealloc: Entry::<F>::dealloc_any,
+        drop_callback: Entry::<F, O>::drop_callback_any,
+        dealloc: Entry::<F, O>::dealloc_any,
         call_again: None,
         next_run: None,
         hands_back: true,
         holds_room: true,
         sleep: false,
+        options: O::PRESENT,
     };
 
     /// # Safety
     ///
-    /// - `header` points to a live `Entry<F>` (not just a `Header`).
+    /// - `header` points to a live `Entry<F, O>` (not just a `Header`).
     /// - The caller won Pending → Fired and the callback has not been taken.
     unsafe fn run(header: NonNull<Header>) {
-        // SAFETY: `header` points to a live `Entry<F>` (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<F>>().as_ref() };
+        // SAFETY: `header` points to a live `Entry<F, O>` (the caller's first point).
+        let entry = unsafe { header.cast::<Entry<F, O>>().as_ref() };
         // SAFETY: we are the only reader of the cell (the caller's second point,
         // ground rule 2), and it is initialised; reading moves the callback out.
         let callback = entry
@@ -188,24 +198,24 @@ impl<F: FnOnce() + Send + 'static> Entry<F> {
     }
 }
 
-impl<C> Entry<C> {
+impl<C, O> Entry<C, O> {
     /// Drops the callback in place.
     ///
     /// # Safety
     ///
-    /// - `header` points to a live `Entry<C>`.
+    /// - `header` points to a live `Entry<C, O>`.
     /// - The caller won Pending → Cancelled (or holds the last reference of a Pending
     ///   entry, or ended a run that a cancel won) and the callback has not been taken.
     unsafe fn drop_callback_any(header: NonNull<Header>) {
         // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<C>>().as_ref() };
+        let entry = unsafe { header.cast::<Entry<C, O>>().as_ref() };
         // SAFETY: exclusive and initialised (the caller's second point); dropped once.
         entry
             .callback
             .with_mut(|cell| unsafe { cell.cast::<C>().drop_in_place() });
     }
 
-    /// Frees the allocation.
+    /// Frees the allocation, dropping the kept options.
     ///
     /// # Safety
     ///
@@ -213,9 +223,9 @@ impl<C> Entry<C> {
     /// - No other reference remains, and the callback has been run or dropped
     ///   (`MaybeUninit` does not drop it again).
     unsafe fn dealloc_any(header: NonNull<Header>) {
-        // SAFETY: the caller's points: from `pool::boxed::<Entry<C>>`, unaliased,
+        // SAFETY: the caller's points: from `pool::boxed::<Entry<C, O>>`, unaliased,
         // callback already gone.
-        unsafe { pool::unbox(header.cast::<Entry<C>>()) };
+        unsafe { pool::unbox(header.cast::<Entry<C, O>>()) };
     }
 }
 
@@ -231,27 +241,73 @@ unsafe impl Sync for EntryRef {}
 
 impl EntryRef {
     /// Allocates an entry with two references: one for the handle, one for the service.
+    /// It keeps no options (a service with the default ones). For the unit tests and
+    /// the loom models; the service uses [`with_options`](Self::with_options).
+    #[cfg(any(test, loom))]
     pub fn new<F: FnOnce() + Send + 'static>(
         id: TimerId,
         deadline: Nanos,
         callback: F,
     ) -> (EntryRef, EntryRef) {
-        Self::allocate(id, deadline, &Entry::<F>::VTABLE, callback)
+        Self::allocate(id, deadline, &Entry::<F>::VTABLE, (), callback)
     }
 
-    /// One allocation holding the header and `callback`, with two references.
-    fn allocate<C>(
+    /// As [`new`](Self::new), keeping `options` (the service's, if it has any) for
+    /// the entry's handles.
+    pub fn with_options<F: FnOnce() + Send + 'static>(
+        id: TimerId,
+        deadline: Nanos,
+        options: Option<Arc<HandleOptions>>,
+        callback: F,
+    ) -> (EntryRef, EntryRef) {
+        match options {
+            None => Self::allocate(id, deadline, &Entry::<F>::VTABLE, (), callback),
+            Some(options) => Self::allocate(
+                id,
+                deadline,
+                &Entry::<F, Arc<HandleOptions>>::VTABLE,
+                options,
+                callback,
+            ),
+        }
+    }
+
+    /// One allocation holding the header, `options` and `callback`, with two
+    /// references. `vtable` must be `Entry<C, O>`'s.
+    fn allocate<C, O: KeptOptions>(
         id: TimerId,
         deadline: Nanos,
         vtable: &'static Vtable,
+        options: O,
         callback: C,
     ) -> (EntryRef, EntryRef) {
+        debug_assert_eq!(vtable.options, O::PRESENT);
         let header = pool::boxed(Entry {
             header: Header::new(id, deadline, vtable),
+            options,
             callback: UnsafeCell::new(MaybeUninit::new(callback)),
         })
         .cast::<Header>();
         (EntryRef(header), EntryRef(header))
+    }
+
+    /// The service options this entry keeps for its handles (`None` on a service
+    /// with the default options, and for a `Sleep`'s timer, whose future reaches them
+    /// through its home).
+    pub(crate) fn options(&self) -> Option<&HandleOptions> {
+        if !self.header().vtable.options {
+            return None;
+        }
+        let entry = self.0.cast::<Entry<(), Arc<HandleOptions>>>().as_ptr();
+        // SAFETY: a place projection, reading nothing: the allocation is live (we own
+        // a reference, ground rule 1), and the vtable says it is an
+        // `Entry<C, Arc<HandleOptions>>` for some `C`, whose `options` field sits at the
+        // same offset as in `Entry<(), _>` (`repr(C)`: header, then options, then the
+        // callback).
+        let options = unsafe { core::ptr::addr_of!((*entry).options) };
+        // SAFETY: that field is written once, before the entry is shared, and dropped
+        // only with the allocation, which outlives `&self`: a shared borrow is sound.
+        Some(unsafe { &*options })
     }
 
     /// Whether this is a repeating timer.
@@ -657,6 +713,50 @@ mod tests {
             super::Due::Later(entry) => drop(entry),
             other => panic!("not due at 10 after a reset to 20: {other:?}"),
         }
+    }
+
+    #[test]
+    fn kept_options_are_read_through_any_reference_and_freed_with_the_entry() {
+        let limit = Arc::new(crate::limit::PendingLimit::new(3));
+        let options = super::HandleOptions::of(Some(limit.clone()), None);
+        let (handle, service) =
+            EntryRef::with_options(TimerId::from_raw(8), Nanos::new(5), options.clone(), || {});
+        let kept = handle
+            .options()
+            .expect("a service with a bound keeps its options");
+        assert!(core::ptr::eq(kept, &**options.as_ref().unwrap()));
+        assert_eq!(
+            service
+                .options()
+                .and_then(|o| o.limit.as_ref())
+                .map(|l| l.limit()),
+            Some(3)
+        );
+        assert_eq!(Arc::strong_count(options.as_ref().unwrap()), 2);
+        drop(options);
+        drop(service);
+        assert_eq!(
+            Arc::strong_count(&limit),
+            2,
+            "the handle keeps the entry, which keeps them"
+        );
+        drop(handle);
+        assert_eq!(Arc::strong_count(&limit), 1, "freed with the entry");
+
+        let (plain, service) = EntryRef::new(TimerId::from_raw(9), Nanos::new(5), || {});
+        assert!(plain.options().is_none() && service.options().is_none());
+    }
+
+    #[test]
+    #[cfg(not(loom))]
+    fn an_entry_keeps_options_only_on_a_configured_service() {
+        // The 16-byte capture of the memory figure: 48 bytes, or 56 with options.
+        type Capture = [u64; 2];
+        assert_eq!(core::mem::size_of::<super::Entry<Capture>>(), 48);
+        assert_eq!(
+            core::mem::size_of::<super::Entry<Capture, Arc<super::HandleOptions>>>(),
+            56
+        );
     }
 
     #[test]

@@ -14,17 +14,17 @@ use crate::sync::Arc;
 
 /// A handle to one scheduled timer: cancel it, ask its state.
 ///
-/// A handle is 24 bytes: the timer's entry, its shard's port, the service's options. Cloning it is cheap: a reference count on the timer's own
-/// allocation (and, for a service built with `max_pending` or a
-/// [`ManualClock`](crate::ManualClock), one on the service's options). **Dropping a handle does not cancel the timer**: fire-and-forget is the common case.
+/// A handle is 16 bytes: the timer's entry and its shard's port (a service built with
+/// `max_pending` or a [`ManualClock`](crate::ManualClock) keeps the options a handle
+/// honours in the entry itself). Cloning it is cheap: a reference count on the timer's
+/// own allocation. **Dropping a handle does not cancel the timer**: fire-and-forget is the common case.
 /// A handle may outlive the service; its calls then keep working on what is left.
 ///
 /// **Clones saturate, never abort.** The timer's reference count has 24 bits: past
 /// 2^23 live references to one timer (handles and the service's own), the count
 /// saturates, as Linux's `refcount_t` does, and the timer's allocation is then kept
 /// for the life of the process instead of freed: a leak of one entry, never a
-/// use-after-free, never an abort. (The options' count is an `Arc`'s, which aborts
-/// only past `isize::MAX` clones.)
+/// use-after-free, never an abort.
 ///
 /// # Examples
 ///
@@ -41,18 +41,17 @@ use crate::sync::Arc;
 /// ```
 #[derive(Clone)]
 pub struct TimerHandle {
-    /// The timer's entry and its shard's port.
+    /// The timer's entry (which keeps the service's options, if it has any) and its
+    /// shard's port.
     timer: EntryHandle,
-    /// The service's options that a handle honours, if it has any.
-    options: Option<Arc<HandleOptions>>,
 }
 
 /// What every handle of a timer holds: its entry (one counted reference) and where a
-/// winning cancel or an earlier reset sends its message. 16 bytes: a `Sleep` holds
-/// this alone and reaches the service's options through its home, so that arming
-/// returns it in two registers (a 24-byte `TimerHandle` came back through memory,
-/// and the sleep's first poll stalled copying it: about 10 % of a pending timeout's
-/// samples, issue 30).
+/// winning cancel or an earlier reset sends its message. 16 bytes, so that arming
+/// returns it in two registers (a 24-byte handle came back through memory, and a
+/// sleep's first poll stalled copying it: about 10 % of a pending timeout's samples,
+/// issue 30). A `Sleep` holds this alone and reaches the service's options through
+/// its home; a [`TimerHandle`] through the entry, which keeps them.
 #[derive(Clone)]
 pub(crate) struct EntryHandle {
     /// The timer's entry (one counted reference).
@@ -93,27 +92,6 @@ impl EntryHandle {
     }
 }
 
-/// What a handle needs of a service configured away from the defaults: the pending
-/// bound that a winning cancel frees, and the manual clock it reads the time from.
-/// A default service has none, so cloning its handles touches no shared count.
-#[derive(Debug)]
-pub(crate) struct HandleOptions {
-    /// The service's pending bound.
-    pub(crate) limit: Option<Arc<PendingLimit>>,
-    /// The service's manual clock.
-    pub(crate) time: Option<Arc<ManualTime>>,
-}
-
-impl HandleOptions {
-    /// The options of a service, or `None` if it has none to honour.
-    pub(crate) fn of(
-        limit: Option<Arc<PendingLimit>>,
-        time: Option<Arc<ManualTime>>,
-    ) -> Option<Arc<HandleOptions>> {
-        (limit.is_some() || time.is_some()).then(|| Arc::new(HandleOptions { limit, time }))
-    }
-}
-
 impl TimerHandle {
     /// Tick 0 of the service's clock, from which the entry counts its deadline in
     /// nanoseconds: the process's origin, or the manual clock's start.
@@ -124,8 +102,9 @@ impl TimerHandle {
 
     /// The service's manual clock, if it has one.
     fn manual_time(&self) -> Option<&Arc<ManualTime>> {
-        self.options
-            .as_ref()
+        self.timer
+            .entry
+            .options()
             .and_then(|options| options.time.as_ref())
     }
 
@@ -136,8 +115,8 @@ impl TimerHandle {
     }
 
     /// Wraps a new timer's handle reference.
-    pub(crate) fn new(timer: EntryHandle, options: Option<Arc<HandleOptions>>) -> Self {
-        TimerHandle { timer, options }
+    pub(crate) fn new(timer: EntryHandle) -> Self {
+        TimerHandle { timer }
     }
 
     /// Cancels the timer. Returns `true` iff this call moved it from Pending to
@@ -160,7 +139,11 @@ impl TimerHandle {
     /// Only if the callback's destructor panics (the panic propagates, after the
     /// cancel has fully taken effect).
     pub fn cancel(&self) -> bool {
-        let limit = self.options.as_ref().and_then(|o| o.limit.as_deref());
+        let limit = self
+            .timer
+            .entry
+            .options()
+            .and_then(|options| options.limit.as_deref());
         self.timer.cancel(limit)
     }
 
@@ -323,9 +306,9 @@ impl fmt::Debug for Unfired {
 #[cfg(all(test, not(loom)))]
 mod tests {
     #[test]
-    fn a_handle_is_24_bytes() {
-        // The entry, the port, the options: no tick length, since the entry keeps its
-        // deadline in nanoseconds.
-        assert_eq!(core::mem::size_of::<super::TimerHandle>(), 24);
+    fn a_handle_is_16_bytes() {
+        // The entry and the port: no tick length, since the entry keeps its deadline
+        // in nanoseconds, and no options, which the entry keeps.
+        assert_eq!(core::mem::size_of::<super::TimerHandle>(), 16);
     }
 }

@@ -44,9 +44,9 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::clock::{Clock, Nanos, TimeSource};
-use crate::entry::EntryRef;
+use crate::entry::{EntryRef, HandleOptions};
 use crate::error::{Refusal, ScheduleError};
-use crate::handle::{EntryHandle, HandleOptions, TimerHandle};
+use crate::handle::{EntryHandle, TimerHandle};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
 use crate::shard::{DirectPort, ShardShared};
@@ -131,8 +131,9 @@ impl<K: Clone> CoreHome<K> {
         &self.clock
     }
 
-    /// Schedules the entry `make` builds for `id`, due at `deadline` (nanoseconds from
-    /// tick 0), on this home's shard; it takes room under `max_pending` if `holds_room`.
+    /// Schedules the entry `make` builds for `id` (keeping the service's handle
+    /// options, which `make` gets), due at `deadline` (nanoseconds from tick 0), on
+    /// this home's shard; it takes room under `max_pending` if `holds_room`.
     ///
     /// # Errors
     ///
@@ -144,10 +145,12 @@ impl<K: Clone> CoreHome<K> {
         id: TimerId,
         deadline: Nanos,
         holds_room: bool,
-        make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
+        make: impl FnOnce(TimerId, Option<Arc<HandleOptions>>) -> (EntryRef, EntryRef),
     ) -> Result<TimerHandle, ScheduleError> {
-        self.file(id, deadline, holds_room, make)
-            .map(|timer| TimerHandle::new(timer, self.handle_options.clone()))
+        self.file(id, deadline, holds_room, |id| {
+            make(id, self.handle_options.clone())
+        })
+        .map(TimerHandle::new)
     }
 
     /// As [`enqueue`](Self::enqueue), returning the handle without the options (a

@@ -249,7 +249,7 @@ pub mod __loom {
     pub use crate::dispatch::{RunHome, RunSink, RunTask};
     pub use crate::entry::{
         Cancel, CancelPort, CancelSink, CancelledCallback, Due, EntryRef, File, FiredEntry,
-        Message, RunningEntry, Snapshot,
+        HandleOptions, Message, RunningEntry, Snapshot,
     };
     pub use crate::entry::{SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::executor::{Executor, Task};

@@ -19,6 +19,7 @@ use shutdown::Threads;
 use crate::clock::{Clock, Nanos, TimeSource};
 use crate::dispatch::ShardTask;
 use crate::entry::EntryRef;
+use crate::entry::HandleOptions;
 use crate::error::ScheduleError;
 use crate::executor::Executor;
 use crate::handle::TimerHandle;
@@ -174,7 +175,9 @@ impl ShardedTimer {
     where
         F: FnOnce() + Send + 'static,
     {
-        self.enqueue(deadline, true, |id| EntryRef::new(id, deadline, f))
+        self.enqueue(deadline, true, |id, options| {
+            EntryRef::with_options(id, deadline, options, f)
+        })
     }
 
     /// The home of the calling thread's core, for a `Sleep`: its `Arc` keeps the
@@ -248,8 +251,8 @@ impl ShardedTimer {
         let period = period.max(self.inner.tick);
         let start = self.now();
         let deadline = self.ns_after(start, period);
-        self.enqueue(deadline, true, |id| {
-            EntryRef::new_repeating(id, deadline, start, period, f)
+        self.enqueue(deadline, true, |id, options| {
+            EntryRef::new_repeating(id, deadline, start, period, options, f)
         })
     }
 
@@ -304,19 +307,20 @@ impl ShardedTimer {
         let delay = delay.max(self.inner.tick);
         let start = self.now();
         let deadline = self.ns_after(start, delay);
-        self.enqueue(deadline, true, |id| {
-            EntryRef::new_fixed_delay(id, deadline, start, delay, f)
+        self.enqueue(deadline, true, |id, options| {
+            EntryRef::new_fixed_delay(id, deadline, start, delay, options, f)
         })
     }
 
     /// Checks the service is up and (if the timer `holds_room`) has room, makes the
-    /// entry due at `deadline` (nanoseconds from tick 0; `make` gets its id), routes it
+    /// entry due at `deadline` (nanoseconds from tick 0; `make` gets its id and the
+    /// options its handles honour, to keep in the entry), routes it
     /// to the shard of the calling thread's core (`home::route`) and files it there.
     fn enqueue(
         &self,
         deadline: Nanos,
         holds_room: bool,
-        make: impl FnOnce(TimerId) -> (EntryRef, EntryRef),
+        make: impl FnOnce(TimerId, Option<Arc<HandleOptions>>) -> (EntryRef, EntryRef),
     ) -> Result<TimerHandle, ScheduleError> {
         let inner = &*self.inner;
         // ORDERING: Acquire pairs with the Release store in `shut_down`; a stale

@@ -147,8 +147,9 @@ fn d6_a_repeating_timer_cancelled_on_the_late_list_counts_as_cancelled_after_shu
     assert_eq!(repeating.state(), TimerState::Cancelled);
 }
 
-/// Defect 7: 40,000 timers whose entries take 224 bytes fire, then the same thread
-/// schedules 100,000 timers of 48 bytes. The 224-byte chunks (8.6 MiB) stayed
+/// Defect 7: 40,000 timers whose entries take 224 bytes (232 here, with the manual
+/// clock's options) fire, then the same thread schedules 100,000 timers of 48 bytes
+/// (56). The large blocks' chunks (8.6 MiB) stayed
 /// allocated until the thread used that size again; now the thread's first
 /// collection for the small size returns them (keeping one spare).
 #[test]
@@ -192,7 +193,9 @@ fn d7_chunks_of_a_size_class_no_longer_used_are_returned() {
             .spawn(|| {
                 let base = CHUNK_BYTES.load(Ordering::SeqCst);
                 for i in 0..40_000u32 {
-                    // A 192-byte capture: a 224-byte entry with the 32-byte header.
+                    // A 192-byte capture: a 232-byte entry with the 32-byte header and
+                    // the manual clock's options, which the entry keeps for its
+                    // handles (240-byte blocks).
                     let big = [i as u8; 192];
                     drop(timer.schedule(MS, move || {
                         std::hint::black_box(&big);
@@ -202,7 +205,8 @@ fn d7_chunks_of_a_size_class_no_longer_used_are_returned() {
                 settle(40_000);
                 let after_big = CHUNK_BYTES.load(Ordering::SeqCst);
                 for i in 0..100_000u64 {
-                    // A 16-byte capture: a 48-byte entry.
+                    // A 16-byte capture: a 56-byte entry with the options (64-byte
+                    // blocks).
                     let small = [i, i];
                     drop(timer.schedule(MS, move || {
                         std::hint::black_box(&small);
@@ -223,9 +227,9 @@ fn d7_chunks_of_a_size_class_no_longer_used_are_returned() {
         mib(after_big.saturating_sub(base))
     );
     // What may stay: the small entries' own chunks, had none been reused (100,000
-    // blocks of 48 bytes, 680 to a chunk: 148), and one spare or current chunk per
-    // size class (16) and two more; the large ones alone were 276 chunks.
-    let bound = (100_000usize.div_ceil(680) + 16 + 2) * CHUNK;
+    // blocks of 64 bytes, 510 to a chunk: 197), and one spare or current chunk per
+    // size class (16) and two more; the large ones alone were 295 chunks.
+    let bound = (100_000usize.div_ceil(510) + 16 + 2) * CHUNK;
     assert!(
         after_small.saturating_sub(base) <= bound,
         "the pool holds {:.2} MiB more than before the large entries (bound {:.2} MiB)",

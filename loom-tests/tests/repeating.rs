@@ -74,6 +74,7 @@ fn filed_repeating(
         Nanos::new(0),
         start,
         Duration::from_secs(1),
+        None,
         move || {
             let _capture = &capture;
             calls.fetch_add(1, Ordering::SeqCst);

@@ -4,9 +4,9 @@
 use core::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use super::{Entry, EntryRef, Header, Vtable};
+use super::{Entry, EntryRef, HandleOptions, Header, KeptOptions, Vtable};
 use crate::clock::Nanos;
-use crate::sync::Ordering;
+use crate::sync::{Arc, Ordering};
 
 /// Counts a repeating timer's run and returns its next deadline and the runs skipped.
 pub(super) type NextRunFn = unsafe fn(NonNull<Header>, Instant) -> (Option<Instant>, u64);
@@ -52,26 +52,27 @@ impl<F> Repeat<F> {
     }
 }
 
-impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
+impl<F: FnMut() + Send + 'static, O: KeptOptions> Entry<Repeat<F>, O> {
     /// The vtable for repeating callbacks of type `F`.
     const REPEATING_VTABLE: Vtable = Vtable {
         run: Self::run_once,
-        drop_callback: Entry::<Repeat<F>>::drop_callback_any,
-        dealloc: Entry::<Repeat<F>>::dealloc_any,
+        drop_callback: Entry::<Repeat<F>, O>::drop_callback_any,
+        dealloc: Entry::<Repeat<F>, O>::dealloc_any,
         call_again: Some(Self::call_again),
         next_run: Some(Self::next_run),
         hands_back: true,
         holds_room: true,
         sleep: false,
+        options: O::PRESENT,
     };
 
     /// # Safety
     ///
-    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - `header` points to a live `Entry<Repeat<F>, O>`.
     /// - The caller won Pending → Fired (`Unfired::run`) and the callback is there.
     unsafe fn run_once(header: NonNull<Header>) {
         // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        let entry = unsafe { header.cast::<Entry<Repeat<F>, O>>().as_ref() };
         // SAFETY: exclusive and initialised (the caller's second point); read moves it
         // out, so it is dropped exactly once, after the call.
         let mut repeat = entry
@@ -82,12 +83,12 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
 
     /// # Safety
     ///
-    /// - `header` points to a live `Entry<Repeat<F>>`.
+    /// - `header` points to a live `Entry<Repeat<F>, O>`.
     /// - The caller holds `RUNNING` (it started this run), so it alone touches the
     ///   callback, which is initialised.
     unsafe fn call_again(header: NonNull<Header>) {
         // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        let entry = unsafe { header.cast::<Entry<Repeat<F>, O>>().as_ref() };
         // SAFETY: exclusive and initialised while RUNNING (the caller's second point).
         entry
             .callback
@@ -99,7 +100,7 @@ impl<F: FnMut() + Send + 'static> Entry<Repeat<F>> {
     /// As [`call_again`](Self::call_again).
     unsafe fn next_run(header: NonNull<Header>, now: Instant) -> (Option<Instant>, u64) {
         // SAFETY: live (the caller's first point).
-        let entry = unsafe { header.cast::<Entry<Repeat<F>>>().as_ref() };
+        let entry = unsafe { header.cast::<Entry<Repeat<F>, O>>().as_ref() };
         entry.callback.with_mut(|cell| {
             // SAFETY: exclusive and initialised while RUNNING (the caller's second
             // point), so this is the only reference to the callback.
@@ -139,10 +140,11 @@ impl EntryRef {
         deadline: Nanos,
         start: Instant,
         period: Duration,
+        options: Option<Arc<HandleOptions>>,
         callback: F,
     ) -> (EntryRef, EntryRef) {
         let repeat = Repeat::new(callback, start, period, false);
-        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
+        Self::allocate_repeating(id, deadline, options, repeat)
     }
 
     /// Allocates a repeating entry, first due at `deadline` (nanoseconds from tick 0),
@@ -153,10 +155,36 @@ impl EntryRef {
         deadline: Nanos,
         start: Instant,
         delay: Duration,
+        options: Option<Arc<HandleOptions>>,
         callback: F,
     ) -> (EntryRef, EntryRef) {
         let repeat = Repeat::new(callback, start, delay, true);
-        Self::allocate(id, deadline, &Entry::<Repeat<F>>::REPEATING_VTABLE, repeat)
+        Self::allocate_repeating(id, deadline, options, repeat)
+    }
+
+    /// A repeating entry for `repeat`, keeping `options` for its handles.
+    fn allocate_repeating<F: FnMut() + Send + 'static>(
+        id: crate::id::TimerId,
+        deadline: Nanos,
+        options: Option<Arc<HandleOptions>>,
+        repeat: Repeat<F>,
+    ) -> (EntryRef, EntryRef) {
+        match options {
+            None => Self::allocate(
+                id,
+                deadline,
+                &Entry::<Repeat<F>>::REPEATING_VTABLE,
+                (),
+                repeat,
+            ),
+            Some(options) => Self::allocate(
+                id,
+                deadline,
+                &Entry::<Repeat<F>, Arc<HandleOptions>>::REPEATING_VTABLE,
+                options,
+                repeat,
+            ),
+        }
     }
 }
 

@@ -164,6 +164,7 @@ impl SleepEntry {
         hands_back: false,
         holds_room: false,
         sleep: true,
+        options: false,
     };
 
     /// The vtable of a `try_*` future's timer: it holds room, as `schedule`'s do.
