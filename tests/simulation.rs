@@ -15,8 +15,10 @@
 //! their first poll, over a future that is ready at once or never), bursts of 1,025
 //! to 1,400 timers 64 to 4,200 ticks out (more than a shard's turn budget of 1,024,
 //! cascading from a higher wheel level) plus one a few ticks after them, `advance` by
-//! zero, part of a tick, one tick, many, ten years or `Duration::MAX`, and
-//! `shutdown`. A timer's callback records its run and the clock's now, and may also
+//! zero, part of a tick, one tick, many, ten years or `Duration::MAX`, `shutdown`,
+//! and the drop of every clone of the service while handles and futures live on
+//! (the service then keeps firing for its futures, and shuts down, dropping what
+//! is pending unrun, when the last future is dropped). A timer's callback records its run and the clock's now, and may also
 //! schedule a child (and grandchild), cancel or reset another timer (or itself), or
 //! shut the service down (its target: one of the last timers, itself, any timer, or
 //! the next one made, which can share its deadline and queue behind it); each timer is
@@ -46,6 +48,11 @@
 //! - `Stats`: `scheduled`, `fired`, `cancelled`, `pending` and `skipped` equal the
 //!   model's after every `advance` (quiescence), `in_rings` and `panicked` are 0, and
 //!   `pending` is 0 once `shutdown` returned;
+//! - the last user's drop (no clone left, then the last future dropped) shuts the
+//!   service down on the spot, as `shutdown` does but handing nothing back: every
+//!   pending timer's handle reads `Cancelled`, with its deadline, and no callback
+//!   runs after it; before that drop, futures complete and timers fire as if a clone
+//!   still existed;
 //! - `shutdown` (the harness's, at the latest at the end of every case) hands back
 //!   exactly the pending timers, with their deadlines; a callback's shutdown hands
 //!   back every pending one-shot timer that did not run (a repeating one may instead

@@ -202,7 +202,8 @@ fn callback(shared: &Arc<Shared>, index: usize, plan: Plan) -> Box<dyn FnMut() +
 pub(crate) struct Sim {
     setup: Setup,
     shared: Arc<Shared>,
-    timer: ShardedTimer,
+    /// The harness's clone of the service; `None` once `Op::DropService` dropped it.
+    timer: Option<ShardedTimer>,
     model: Model,
     /// Timer-made-so-far order, for picking targets.
     order: Vec<usize>,
@@ -275,7 +276,7 @@ impl Sim {
             setup: setup.clone(),
             model: Model::new(start, far),
             shared,
-            timer,
+            timer: Some(timer),
             order: Vec::new(),
             shutdowns: Vec::new(),
             in_flight: BTreeSet::new(),
@@ -287,6 +288,10 @@ impl Sim {
     pub(crate) fn step(&mut self, op: &Op) -> Checked {
         self.absorb()?;
         let tick = self.setup.tick_ns;
+        if self.timer.is_none() && op.needs_service() {
+            // Every clone is gone: nothing can call the service any more.
+            return Ok(());
+        }
         match op {
             Op::Schedule { delay, action } => {
                 let delay = delay.duration(tick);
@@ -355,6 +360,7 @@ impl Sim {
                 if !self.model.sleeps.is_empty() {
                     let k = target % self.model.sleeps.len();
                     self.drop_future(false, k);
+                    self.if_last_user_gone()?;
                 }
             }
             Op::ResetSleep { target, at } => {
@@ -375,6 +381,7 @@ impl Sim {
                 if !self.model.timeouts.is_empty() {
                     let k = target % self.model.timeouts.len();
                     self.drop_future(true, k);
+                    self.if_last_user_gone()?;
                 }
             }
             Op::Burst {
@@ -423,6 +430,7 @@ impl Sim {
             }
             Op::Advance(by) => self.advance(*by)?,
             Op::Shutdown { run } => self.shutdown(*run)?,
+            Op::DropService => self.drop_service()?,
         }
         self.absorb()
     }
@@ -521,7 +529,7 @@ impl Sim {
         let index = self.shared.next_index.fetch_add(1, Ordering::SeqCst);
         let taken = self.model.room_taken();
         let maybe = self.model.maybe_fired();
-        let outcome = call(&self.timer, callback(&self.shared, index, plan.clone()));
+        let outcome = call(self.service(), callback(&self.shared, index, plan.clone()));
         match outcome {
             Ok(handle) => {
                 check!(!self.model.shut, "schedule succeeded after shutdown");
@@ -952,11 +960,11 @@ impl Sim {
         let (sleep, requested) = match until {
             Some(at) => {
                 let instant = self.instant(at);
-                (self.timer.sleep_until(instant), instant)
+                (self.service().sleep_until(instant), instant)
             }
             None => {
                 let d = delay.duration(self.setup.tick_ns);
-                (self.timer.sleep(d), self.model.after(d))
+                (self.service().sleep(d), self.model.after(d))
             }
         };
         let reported = sleep.deadline();
@@ -989,7 +997,7 @@ impl Sim {
     /// `timeout(delay, Gate(ready))`.
     fn timeout(&mut self, delay: Delay, ready: bool) -> Checked {
         let d = delay.duration(self.setup.tick_ns);
-        let timeout = self.timer.timeout(d, Gate(ready));
+        let timeout = self.service().timeout(d, Gate(ready));
         let requested = self.model.after(d);
         let reported = timeout.deadline();
         check!(
@@ -1319,10 +1327,11 @@ impl Sim {
                 future.expected_wakes
             );
         }
-        if model.shut {
+        // Counters need a clone of the service: none after `Op::DropService`.
+        let Some(timer) = self.timer.as_ref().filter(|_| !model.shut) else {
             return Ok(());
-        }
-        let stats = self.timer.stats();
+        };
+        let stats = timer.stats();
         let fired = if (model.fired..=model.fired + model.fired_slack).contains(&stats.fired) {
             stats.fired
         } else {
@@ -1411,7 +1420,7 @@ impl Sim {
         let was_shut = std::mem::replace(&mut self.model.shut, true);
         // ORDERING: SeqCst: callbacks read it.
         self.shared.acting.store(true, Ordering::SeqCst);
-        let unfired = self.timer.shutdown();
+        let unfired = self.service().shutdown();
         if matches!(self.setup.mode, Mode::Spawn) {
             self.run_spawned(false)?;
         }
@@ -1430,7 +1439,7 @@ impl Sim {
         }
         self.reconcile_shutdowns_strict(!was_shut, run)?;
         self.quiescent()?;
-        let stats = self.timer.stats();
+        let stats = self.service().stats();
         check!(
             stats.pending == 0,
             "Stats::pending is {} after shutdown",
@@ -1582,10 +1591,94 @@ impl Sim {
         Ok(())
     }
 
-    /// Ends the case: a last shutdown (checked), then frees everything.
+    /// The harness's clone of the service; only for steps that need one (`step`
+    /// skips them once `Op::DropService` dropped it).
+    fn service(&self) -> &ShardedTimer {
+        self.timer
+            .as_ref()
+            .expect("a step that needs the service runs only while the harness holds it")
+    }
+
+    /// `Op::DropService`: drops the harness's clone and the callbacks' one. With no
+    /// future alive, that was the service's last user: it has shut down (checked by
+    /// [`if_last_user_gone`](Self::if_last_user_gone)); otherwise it lives on for its
+    /// futures, firing what comes due, until the last one is dropped.
+    fn drop_service(&mut self) -> Checked {
+        let Some(timer) = self.timer.take() else {
+            return Ok(());
+        };
+        let callbacks_clone = lock(&self.shared.timer).take();
+        drop(callbacks_clone);
+        self.last_user_goes(move || drop(timer))
+    }
+
+    /// After a future's drop: if every clone was gone already, that future was the
+    /// service's last user, and the service has shut down; checks it.
+    fn if_last_user_gone(&mut self) -> Checked {
+        if self.timer.is_some() || self.model.shut || self.futures_alive() {
+            return Ok(());
+        }
+        self.last_user_goes(|| {})
+    }
+
+    /// Whether the harness still holds a sleep or a timeout.
+    fn futures_alive(&self) -> bool {
+        self.model
+            .sleeps
+            .iter()
+            .chain(&self.model.timeouts)
+            .any(|future| future.fut.is_some())
+    }
+
+    /// Runs `drop_last` (the drop of a user of the service) and, if no user is left
+    /// (no clone, no future), checks that the service has shut down as `shutdown`
+    /// does, on this thread and before the drop returned, with every pending timer's
+    /// callback dropped unrun: its handles read `Cancelled`, with their deadlines.
+    fn last_user_goes(&mut self, drop_last: impl FnOnce()) -> Checked {
+        if self.model.shut || self.futures_alive() {
+            drop_last();
+            return Ok(());
+        }
+        // As in `shutdown`: a repeating timer's run handed to a spawner may end
+        // cancelled when run.
+        let spawn = matches!(self.setup.mode, Mode::Spawn);
+        self.model.shut = true;
+        // ORDERING: SeqCst: callbacks read it.
+        self.shared.acting.store(true, Ordering::SeqCst);
+        drop_last();
+        if spawn {
+            self.run_spawned(false)?;
+        }
+        self.shared.acting.store(false, Ordering::SeqCst);
+        self.absorb()?;
+        check!(
+            lock(&self.shared.unfired).is_empty() && self.shutdowns.is_empty(),
+            "the last user's drop handed timers back"
+        );
+        for timer in self.model.timers.values_mut() {
+            if timer.fate == Fate::Pending {
+                timer.fate = Fate::Cancelled;
+            }
+        }
+        self.quiescent()
+    }
+
+    /// Ends the case: a last shutdown (checked), or, once every clone is gone, the
+    /// drop of every future (the last one shuts the service down; checked), then
+    /// frees everything.
     pub(crate) fn finish(mut self) -> Checked {
         let result = if self.model.shut {
             self.absorb()
+        } else if self.timer.is_none() {
+            self.absorb().and_then(|()| {
+                for k in 0..self.model.sleeps.len() {
+                    self.drop_future(false, k);
+                }
+                for k in 0..self.model.timeouts.len() {
+                    self.drop_future(true, k);
+                }
+                self.if_last_user_gone()
+            })
         } else {
             self.shutdown(0xAAAA_AAAA_AAAA_AAAA)
         };
@@ -1595,7 +1688,9 @@ impl Sim {
 
     /// Drops what ties the callbacks and the service together.
     fn teardown(&mut self) {
-        drop(self.timer.shutdown());
+        if let Some(timer) = &self.timer {
+            drop(timer.shutdown());
+        }
         for future in self
             .model
             .sleeps

@@ -177,6 +177,29 @@ pub(crate) enum Op {
     Advance(Advance),
     /// `shutdown()`: the `Unfired` whose bit is set in `run` are run, the rest dropped.
     Shutdown { run: u64 },
+    /// Drops every clone of the service (the harness's and the one callbacks use),
+    /// keeping the handles and futures: the service lives on while a future does,
+    /// and shuts down, dropping what is pending unrun, when the last one is dropped.
+    /// The steps after it that need a clone (schedule, sleep, timeout, shutdown) are
+    /// skipped.
+    DropService,
+}
+
+impl Op {
+    /// Whether the step calls the service itself (not a handle or a future).
+    pub(crate) fn needs_service(&self) -> bool {
+        matches!(
+            self,
+            Op::Schedule { .. }
+                | Op::ScheduleAt { .. }
+                | Op::Repeating { .. }
+                | Op::Sleep { .. }
+                | Op::Timeout { .. }
+                | Op::Burst { .. }
+                | Op::AlignedBurst { .. }
+                | Op::Shutdown { .. }
+        )
+    }
 }
 
 /// How far `advance` moves the clock.
@@ -326,6 +349,7 @@ pub(crate) fn op() -> impl Strategy<Value = Op> {
             |(count, level, extra)| Op::AlignedBurst { count, level, extra }
         ),
         1 => any::<u64>().prop_map(|run| Op::Shutdown { run }),
+        1 => Just(Op::DropService),
     ]
 }
 
