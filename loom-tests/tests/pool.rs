@@ -10,13 +10,19 @@
 //! Asserts: no block is handed out twice while allocated; both freed blocks come back
 //! exactly once; no data race on a block (each block carries a loom cell that the
 //! freeing thread writes before its free and the owner writes after reuse) or on a
-//! chunk's `next_freed` link (a loom cell).
+//! chunk's `next_freed` link or `freed_tail` (its list's last block, which lets the
+//! owner join a taken list without walking it): loom cells.
 //! Seeded bugs that make it fail (each checked): the owner's swap of a chunk's `freed` list without
 //! Acquire (`Ordering::Release`: "Concurrent write accesses" on a block's cell:
 //! the freeing thread's write does not happen before the reuse); a free's CAS on
 //! `freed` without Acquire (`Ordering::Release`: "Concurrent write accesses" on
 //! `next_freed`: a free re-listing the chunk writes the link that the free which
-//! listed it before wrote, with nothing ordering the two).
+//! listed it before wrote, with nothing ordering the two); the owner reading
+//! `freed_tail` after its swap of `freed` instead of before ("Concurrent read and
+//! write accesses to `UnsafeCell`": the free that next finds the list empty records
+//! its own block there meanwhile); the free recording `freed_tail` after listing the
+//! chunk instead of before ("Concurrent read and write accesses": the owner may take
+//! the listing and read it first).
 //! Command: as in `ring.rs`, with `--test pool`.
 #![cfg(loom)]
 

@@ -48,7 +48,7 @@
 use core::alloc::Layout;
 use core::ptr::{self, NonNull};
 
-use crate::sync::{AtomicPtr, CachePadded, Ordering, UnsafeCell};
+use crate::sync::{AtomicPtr, AtomicU64, CachePadded, Ordering, UnsafeCell};
 
 /// The largest block the pool hands out, in bytes; larger entries use the global
 /// allocator.
@@ -115,13 +115,55 @@ struct ChunkHead {
     heap: &'static HeapShared,
     /// The chunk's size class. Written once, as `heap`.
     class: usize,
-    /// Blocks of this chunk freed by any thread, not yet taken by the owner.
-    freed: AtomicPtr<Block>,
+    /// Blocks of this chunk freed by any thread, not yet taken by the owner: a
+    /// [`FreedList`] word (the first block's place in the chunk and how many the list
+    /// holds), so that the owner's swap takes the count with the list and never walks
+    /// it.
+    freed: AtomicU64,
     /// The next chunk in the heap's list of chunks with freed blocks. Written by the
     /// thread whose free made `freed` non-empty, before it pushes the chunk on that
     /// list; read by the owner after taking the list, before it empties `freed`
     /// (which is what lets a free push the chunk again).
     next_freed: UnsafeCell<*mut ChunkHead>,
+    /// The last block of the `freed` list (the one pushed onto it empty), so that the
+    /// owner joins the list it takes to its local one without walking it. Written and
+    /// read as `next_freed` is, by the same free and the same owner's take.
+    freed_tail: UnsafeCell<*mut Block>,
+}
+
+/// A chunk's `freed` list as one word: the first block's offset from the chunk's
+/// start in the low half (0: the list is empty; no block starts at 0, where the head
+/// lies), and how many blocks the list holds in the high half.
+#[derive(Clone, Copy)]
+struct FreedList(u64);
+
+impl FreedList {
+    /// The empty list.
+    const EMPTY: FreedList = FreedList(0);
+
+    /// The list after pushing the block at `offset` onto `self`.
+    fn pushed(self, offset: usize) -> FreedList {
+        debug_assert!((HEAD..CHUNK).contains(&offset));
+        FreedList(((self.0 >> 32) + 1) << 32 | offset as u64)
+    }
+
+    /// The first block, in `chunk`; `None` if empty.
+    fn first(self, chunk: *mut ChunkHead) -> Option<NonNull<Block>> {
+        // The low half, an offset below `CHUNK` (`pushed`).
+        let offset = (self.0 & 0xFFFF_FFFF) as usize;
+        if offset == 0 {
+            return None;
+        }
+        // SAFETY: a non-zero offset is that of a block inside the chunk's allocation.
+        let block = unsafe { chunk.cast::<u8>().add(offset) };
+        NonNull::new(block.cast())
+    }
+
+    /// How many blocks the list holds.
+    fn len(self) -> usize {
+        // At most the blocks of one chunk.
+        (self.0 >> 32) as usize
+    }
 }
 
 /// The owner's fields of `chunk`.
@@ -358,39 +400,44 @@ fn take_freed(shared: &HeapShared, class: usize, state: &mut Class) -> usize {
         // push (synchronised above); no free writes it again until the swap of
         // `freed` below empties that list.
         let next = head.next_freed.with(|link| unsafe { *link });
+        // SAFETY: as for `next_freed`: written by the same free, before its listing.
+        let tail = head.freed_tail.with(|tail| unsafe { *tail });
         // AcqRel. Acquire: synchronises with each free's Release push onto `freed`
         // (the blocks' links and the freeing threads' last use of the blocks happen
         // before we hand them out). Release: the free that next finds `freed` empty
-        // reads this swap with Acquire, so our read of `next_freed` above happens
-        // before its write of it.
-        let blocks = head.freed.swap(ptr::null_mut(), Ordering::AcqRel);
-        returned += chunk_back(chunk, blocks, state);
+        // reads this swap with Acquire, so our reads of `next_freed` and `freed_tail`
+        // above happen before its writes of them.
+        let blocks = FreedList(head.freed.swap(FreedList::EMPTY.0, Ordering::AcqRel));
+        returned += chunk_back(chunk, blocks, tail, state);
         chunk = next;
     }
     returned
 }
 
-/// Files the free blocks `blocks` (a list, possibly empty) taken from `chunk`'s
-/// `freed`, and the chunk itself: on its local list and in `ready`, or, with all its
-/// blocks back, retired: if it is current, at once; if it waits in `ready`, by the
-/// collection's [`retire_emptied_ready`]. Returns the chunks returned to the global
-/// allocator (0 or 1).
-fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) -> usize {
-    let Some(first) = NonNull::new(blocks) else {
+/// Files the free blocks `blocks` (a list, possibly empty, whose last block is
+/// `tail`) taken from `chunk`'s `freed`, and the chunk itself: on its local list and
+/// in `ready`, or, with all its blocks back, retired: if it is current, at once; if
+/// it waits in `ready`, by the collection's [`retire_emptied_ready`]. Returns the
+/// chunks returned to the global allocator (0 or 1). Touches no block but `tail`:
+/// the count comes with the list, so a list of a whole chunk's blocks (freed in any
+/// order, each a likely cache miss) is not walked.
+fn chunk_back(
+    chunk: *mut ChunkHead,
+    blocks: FreedList,
+    tail: *mut Block,
+    state: &mut Class,
+) -> usize {
+    let Some(first) = blocks.first(chunk) else {
         return 0;
     };
+    debug_assert!(
+        !tail.is_null(),
+        "a non-empty list has its last block recorded"
+    );
     // SAFETY: the chunk is live and ours (see `take_freed`); no other reference to
     // its owned fields is alive.
     let owned = unsafe { owned(chunk) };
-    let mut tail = first.as_ptr();
-    let mut count = 1;
-    // SAFETY: the blocks taken are free and ours, their links written before their
-    // pushes (synchronised by the swap in `take_freed`).
-    while let Some(next) = NonNull::new(unsafe { (*tail).next }) {
-        tail = next.as_ptr();
-        count += 1;
-    }
-    owned.handed -= count;
+    owned.handed -= blocks.len();
     if owned.handed == 0 && !owned.queued {
         // Every block is back and nobody can free into the chunk any more (see
         // `retire`): stop handing out from it if it is current, and retire it.
@@ -404,7 +451,8 @@ fn chunk_back(chunk: *mut ChunkHead, blocks: *mut Block, state: &mut Class) -> u
         // has no block out to come back).
         return unsafe { retire(chunk, &mut state.spare) };
     }
-    // SAFETY: `tail` is a free block we took.
+    // SAFETY: `tail` is the last block of the list we took: free and ours, its link
+    // (null, the list being empty when it was pushed) written before its push.
     unsafe { (*tail).next = owned.local };
     owned.local = first.as_ptr();
     if owned.handed == 0 {
@@ -494,8 +542,9 @@ fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
             }),
             heap,
             class,
-            freed: AtomicPtr::new(ptr::null_mut()),
+            freed: AtomicU64::new(FreedList::EMPTY.0),
             next_freed: UnsafeCell::new(ptr::null_mut()),
+            freed_tail: UnsafeCell::new(ptr::null_mut()),
         });
     }
     chunk
@@ -530,38 +579,46 @@ pub unsafe fn free(block: NonNull<u8>) {
     // touch of the chunk, puts it on.
     let head = unsafe { &*chunk };
     let block = block.cast::<Block>().as_ptr();
+    let offset = block.addr() - chunk.addr();
     // Relaxed: the head read is only the expected value; the CAS checks it.
-    let mut first = head.freed.load(Ordering::Relaxed);
+    let mut list = FreedList(head.freed.load(Ordering::Relaxed));
     loop {
+        let first = list.first(chunk).map_or(ptr::null_mut(), NonNull::as_ptr);
         // SAFETY: the block is ours to write until the CAS publishes it (the caller's
         // contract), and large enough for a link (every class is at least 16 bytes).
         unsafe { block.write(Block { next: first }) };
         // Success AcqRel. Release: publishes the link and everything this thread did
         // with the block to the owner's Acquire swap. Acquire: when the list was
-        // empty, we are about to write the chunk's `next_freed`, which the owner read
-        // before its Release swap emptied the list (the value we replace). Failure
-        // Relaxed: the new head is again only an expected value.
-        match head
-            .freed
-            .compare_exchange_weak(first, block, Ordering::AcqRel, Ordering::Relaxed)
-        {
+        // empty, we are about to write the chunk's `next_freed` and `freed_tail`,
+        // which the owner read before its Release swap emptied the list (the value we
+        // replace). Failure Relaxed: the new head is again only an expected value.
+        match head.freed.compare_exchange_weak(
+            list.0,
+            list.pushed(offset).0,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
             Ok(_) => break,
-            Err(current) => first = current,
+            Err(current) => list = FreedList(current),
         }
     }
-    if !first.is_null() {
+    if list.first(chunk).is_some() {
         // The chunk is listed already (or its owner is taking it): nothing more.
         return;
     }
-    // We made the list non-empty: list the chunk with its heap, once until the owner
-    // empties `freed` again.
+    // We made the list non-empty, so our block is its last: record it, and list the
+    // chunk with its heap, once until the owner empties `freed` again.
+    // SAFETY: only the free that made `freed` non-empty writes it, and the owner read
+    // it before emptying `freed` (see the CAS above).
+    head.freed_tail.with_mut(|tail| unsafe { *tail = block });
     let list = &head.heap.chunks[head.class];
     let mut listed = list.load(Ordering::Relaxed);
     loop {
         // SAFETY: only the free that made `freed` non-empty writes the link, and the
         // owner read it before emptying `freed` (see the CAS above).
         head.next_freed.with_mut(|link| unsafe { *link = listed });
-        // Release: publishes the link to the owner's Acquire swap of the list.
+        // Release: publishes the link and the last block to the owner's Acquire swap
+        // of the list.
         match list.compare_exchange_weak(listed, chunk, Ordering::Release, Ordering::Relaxed) {
             Ok(_) => return,
             Err(current) => listed = current,
