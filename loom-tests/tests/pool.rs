@@ -22,7 +22,9 @@
 //! write accesses to `UnsafeCell`": the free that next finds the list empty records
 //! its own block there meanwhile); the free recording `freed_tail` after listing the
 //! chunk instead of before ("Concurrent read and write accesses": the owner may take
-//! the listing and read it first).
+//! the listing and read it first); the owner joining a taken list at its first
+//! block instead of its recorded last (a freed block never comes back: the final
+//! count of returned blocks fails).
 //! Command: as in `ring.rs`, with `--test pool`.
 #![cfg(loom)]
 
