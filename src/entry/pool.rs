@@ -43,7 +43,12 @@
 //! Coping with Parallelism", IBM RJ 5118, 1986) whose only pop takes the whole
 //! stack. A take-all pop cannot suffer ABA: a pusher's CAS expects
 //! the head it read and links its block to that head, and whatever happened to the
-//! stack in between, a head equal to the one read is a correct successor.
+//! stack in between, a head equal to the one read is a correct successor. A chunk's
+//! head word also counts its blocks (each push adds one to the count of the head it
+//! replaces, so an equal head carries a correct count too), and the push onto an
+//! empty stack records its block as the stack's last before it lists the chunk: the
+//! owner takes a whole stack, with its length and its last block, without walking it
+//! (a walk of blocks freed in any order costs a cache miss per block).
 
 use core::alloc::Layout;
 use core::ptr::{self, NonNull};
