@@ -348,7 +348,7 @@ impl Sleep {
     /// [`time::Instant`](crate::time::Instant)) and re-arms the sleep, whether or not
     /// it has completed: it completes again at or after the new deadline (one at or
     /// before the service's now: at the next poll, with no timer). A pending timer is moved in
-    /// place, in O(1), through its handle's [`reset_at`](TimerHandle::reset_at),
+    /// place, in O(1), through its handle's [`reset_at`](crate::TimerHandle::reset_at),
     /// earlier or later; a completed one is replaced by a new timer. Poll the sleep
     /// again afterwards (as after tokio's `Sleep::reset`). The timer given up never
     /// fires; if a task was waiting on it (it polled the sleep and got `Pending`),

@@ -165,7 +165,13 @@ impl Builder {
     }
 
     /// Bound the number of pending timers: the `limit + 1`-th concurrent schedule
-    /// gets [`ScheduleError::TooManyPending`]. Firing and cancelling free room.
+    /// gets [`ScheduleError::TooManyPending`]. Firing and cancelling free room: a
+    /// winning [`cancel`](crate::TimerHandle::cancel) before it returns, a fire just
+    /// after the timer turns [`Fired`](crate::TimerState::Fired) and before its
+    /// callback is handed out. So a callback, or code that learnt of the fire from
+    /// it, always finds the room free, while a thread that only polls
+    /// [`state`](crate::TimerHandle::state) may see `Fired` a moment before the room
+    /// is. A repeating timer holds its room until cancelled.
     /// Default: unbounded (and no shared counter). `0` makes
     /// [`build`](Self::build) fail.
     ///
