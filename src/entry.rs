@@ -260,15 +260,27 @@ impl EntryRef {
         options: Option<Arc<HandleOptions>>,
         callback: F,
     ) -> (EntryRef, EntryRef) {
+        Self::allocate_keeping(
+            id,
+            deadline,
+            options,
+            callback,
+            [&Entry::<F>::VTABLE, &Entry::<F, Arc<HandleOptions>>::VTABLE],
+        )
+    }
+
+    /// One allocation holding `callback`, keeping `options` for the entry's handles:
+    /// `vtables` are `Entry<C>`'s (no options) and `Entry<C, Arc<HandleOptions>>`'s.
+    fn allocate_keeping<C>(
+        id: TimerId,
+        deadline: Nanos,
+        options: Option<Arc<HandleOptions>>,
+        callback: C,
+        [without, with]: [&'static Vtable; 2],
+    ) -> (EntryRef, EntryRef) {
         match options {
-            None => Self::allocate(id, deadline, &Entry::<F>::VTABLE, (), callback),
-            Some(options) => Self::allocate(
-                id,
-                deadline,
-                &Entry::<F, Arc<HandleOptions>>::VTABLE,
-                options,
-                callback,
-            ),
+            None => Self::allocate(id, deadline, without, (), callback),
+            Some(options) => Self::allocate(id, deadline, with, options, callback),
         }
     }
 

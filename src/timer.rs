@@ -18,8 +18,7 @@ use shutdown::Threads;
 
 use crate::clock::{Clock, Nanos, TimeSource};
 use crate::dispatch::ShardTask;
-use crate::entry::EntryRef;
-use crate::entry::HandleOptions;
+use crate::entry::{EntryRef, HandleOptions};
 use crate::error::ScheduleError;
 use crate::executor::Executor;
 use crate::handle::TimerHandle;

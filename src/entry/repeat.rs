@@ -144,7 +144,7 @@ impl EntryRef {
         callback: F,
     ) -> (EntryRef, EntryRef) {
         let repeat = Repeat::new(callback, start, period, false);
-        Self::allocate_repeating(id, deadline, options, repeat)
+        Self::allocate_keeping(id, deadline, options, repeat, repeating_vtables::<F>())
     }
 
     /// Allocates a repeating entry, first due at `deadline` (nanoseconds from tick 0),
@@ -159,33 +159,16 @@ impl EntryRef {
         callback: F,
     ) -> (EntryRef, EntryRef) {
         let repeat = Repeat::new(callback, start, delay, true);
-        Self::allocate_repeating(id, deadline, options, repeat)
+        Self::allocate_keeping(id, deadline, options, repeat, repeating_vtables::<F>())
     }
+}
 
-    /// A repeating entry for `repeat`, keeping `options` for its handles.
-    fn allocate_repeating<F: FnMut() + Send + 'static>(
-        id: crate::id::TimerId,
-        deadline: Nanos,
-        options: Option<Arc<HandleOptions>>,
-        repeat: Repeat<F>,
-    ) -> (EntryRef, EntryRef) {
-        match options {
-            None => Self::allocate(
-                id,
-                deadline,
-                &Entry::<Repeat<F>>::REPEATING_VTABLE,
-                (),
-                repeat,
-            ),
-            Some(options) => Self::allocate(
-                id,
-                deadline,
-                &Entry::<Repeat<F>, Arc<HandleOptions>>::REPEATING_VTABLE,
-                options,
-                repeat,
-            ),
-        }
-    }
+/// The vtables of a repeating entry for `F`, without and with kept options.
+fn repeating_vtables<F: FnMut() + Send + 'static>() -> [&'static Vtable; 2] {
+    [
+        &Entry::<Repeat<F>>::REPEATING_VTABLE,
+        &Entry::<Repeat<F>, Arc<HandleOptions>>::REPEATING_VTABLE,
+    ]
 }
 
 /// A repeating timer during one run: holds `RUNNING`, so it alone touches the
