@@ -856,48 +856,55 @@ fn dropping_pending_sleeps_from_two_threads_wakes_nobody_afterwards() {
         .thread_name("aud-slp")
         .build()
         .unwrap();
-    let records: Vec<(Arc<AtomicUsize>, usize, Arc<AtomicBool>, bool)> =
-        std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..2u64)
-                .map(|t| {
-                    let timer = &timer;
-                    scope.spawn(move || {
-                        let mut rng = Rng::new(t + 11);
-                        let mut out = Vec::new();
-                        for _ in 0..300 {
-                            let dropped = Arc::new(AtomicBool::new(false));
-                            let flag = dropped.clone();
-                            let (waker, woken) = hostile_waker(move || flag.store(true, SeqCst));
-                            let long = rng.below(4) == 0;
-                            let d = if long {
-                                Duration::from_secs(10)
-                            } else {
-                                Duration::from_micros(1000 + rng.below(2000))
-                            };
-                            let mut sleep = Box::pin(timer.sleep(d));
-                            let _ = poll_once(sleep.as_mut(), &waker);
-                            drop(waker);
-                            let spin = Instant::now();
-                            let spin_for = Duration::from_micros(rng.below(2500));
-                            while spin.elapsed() < spin_for {
-                                std::hint::spin_loop();
-                            }
-                            drop(sleep);
-                            let at_drop = woken.load(SeqCst);
-                            out.push((woken, at_drop, dropped, long));
+    // Each record: the waker's wake count, that count when the sleep was dropped,
+    // whether the waker was dropped, whether the sleep was a 10 s one; and whether
+    // its first poll came back before its deadline could have passed (a sleep whose
+    // deadline has passed by its first poll completes there with no timer,
+    // guarantee 8: under load a thread can be descheduled for longer than 1 ms).
+    type Record = (Arc<AtomicUsize>, usize, Arc<AtomicBool>, bool, bool);
+    let records: Vec<Record> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2u64)
+            .map(|t| {
+                let timer = &timer;
+                scope.spawn(move || {
+                    let mut rng = Rng::new(t + 11);
+                    let mut out = Vec::new();
+                    for _ in 0..300 {
+                        let dropped = Arc::new(AtomicBool::new(false));
+                        let flag = dropped.clone();
+                        let (waker, woken) = hostile_waker(move || flag.store(true, SeqCst));
+                        let long = rng.below(4) == 0;
+                        let d = if long {
+                            Duration::from_secs(10)
+                        } else {
+                            Duration::from_micros(1000 + rng.below(2000))
+                        };
+                        let made = Instant::now();
+                        let mut sleep = Box::pin(timer.sleep(d));
+                        let _ = poll_once(sleep.as_mut(), &waker);
+                        let surely_armed = made.elapsed() < d;
+                        drop(waker);
+                        let spin = Instant::now();
+                        let spin_for = Duration::from_micros(rng.below(2500));
+                        while spin.elapsed() < spin_for {
+                            std::hint::spin_loop();
                         }
-                        out
-                    })
+                        drop(sleep);
+                        let at_drop = woken.load(SeqCst);
+                        out.push((woken, at_drop, dropped, long, surely_armed));
+                    }
+                    out
                 })
-                .collect();
-            threads
-                .into_iter()
-                .flat_map(|t| t.join().unwrap())
-                .collect()
-        });
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect()
+    });
     let all_dropped = wait_until(WAIT, || records.iter().all(|r| r.2.load(SeqCst)));
     assert!(all_dropped, "a waker of a dropped sleep was never dropped");
-    for (woken, at_drop, _, long) in &records {
+    for (woken, at_drop, _, long, _) in &records {
         assert_eq!(
             woken.load(SeqCst),
             *at_drop,
@@ -907,8 +914,14 @@ fn dropping_pending_sleeps_from_two_threads_wakes_nobody_afterwards() {
             assert_eq!(*at_drop, 0, "a 10 s sleep was woken");
         }
     }
+    // Every sleep whose first poll returned before its deadline armed a timer (on an
+    // unloaded machine, all 600); one descheduled past its deadline may have not.
+    let surely_armed = records.iter().filter(|r| r.4).count() as u64;
     let stats = quiescent_stats(&timer);
-    assert_eq!(stats.scheduled, 600, "{stats:?}");
+    assert!(
+        (surely_armed..=600).contains(&stats.scheduled),
+        "{surely_armed} sleeps were surely armed: {stats:?}"
+    );
     timer.shutdown();
 }
 
