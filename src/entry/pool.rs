@@ -22,9 +22,10 @@
 //!
 //! Memory comes back by the chunk: the owner counts the blocks of each chunk that
 //! are out, and when it takes back the last one, the chunk becomes its class's spare
-//! (started afresh before a new chunk is allocated) or, if there is one already, is
-//! returned to the global allocator, whether it was current, waiting in `ready` or
-//! neither. The owner takes back what frees have sent for *every* class whenever
+//! (started afresh before a new chunk is allocated) or, if there is one already, goes
+//! to the process's cache of free chunks (up to 32 MiB, whence any heap's next new
+//! chunk comes first, its pages still resident: see [`cache`]) or, the cache full, back
+//! to the global allocator, whether it was current, waiting in `ready` or neither. The owner takes back what frees have sent for *every* class whenever
 //! it collects for one (its current chunk of that class used up), so a class the
 //! thread stopped using gives its chunks back at the thread's next collection of any
 //! class: at most one spare per class stays. A chunk with any entry alive stays. When a
@@ -72,6 +73,18 @@ pub const CHUNK: usize = 32 * 1024;
 /// Bytes per chunk under loom.
 #[cfg(loom)]
 pub const CHUNK: usize = 1024;
+
+/// The most free chunks the process keeps for reuse ([`cache`]): 32 MiB, the entries of
+/// about 690,000 timers with a 16-byte capture. A burst larger than that gives the
+/// rest of its chunks back to the allocator when its timers are gone. None under Miri,
+/// so that a use of a chunk after its retirement is a use after free that Miri reports,
+/// rather than a use of a chunk another heap may be handing out again.
+#[cfg(not(loom))]
+const CACHE_LIMIT: usize = if cfg!(miri) {
+    0
+} else {
+    32 * 1024 * 1024 / CHUNK
+};
 
 /// Bytes at the start of a chunk kept for its head (two cache lines: the owner's,
 /// and the one frees touch; more under loom, whose atomics and cells are larger).
@@ -511,8 +524,25 @@ unsafe fn retire(chunk: *mut ChunkHead, spare: &mut *mut ChunkHead) -> usize {
     }
     // SAFETY: made by `new_chunk` with this layout; nothing refers to it any more
     // (the contract).
-    unsafe { std::alloc::dealloc(chunk.cast(), chunk_layout()) };
+    unsafe { release_chunk(chunk.cast()) };
     1
+}
+
+/// Gives up a chunk that nothing refers to any more: into the process's cache of
+/// free chunks while it has room ([`cache`]), else back to the global allocator.
+///
+/// # Safety
+///
+/// `chunk` was made by [`new_chunk`] (or taken from the cache) and nothing refers to
+/// it any more.
+unsafe fn release_chunk(chunk: *mut u8) {
+    // SAFETY: nothing refers to the chunk, made with the pool's layout (the contract).
+    #[cfg(not(loom))]
+    let Some(chunk) = (unsafe { cache::CHUNKS.keep(chunk) }) else {
+        return;
+    };
+    // SAFETY: made with this layout; nothing refers to it (the contract).
+    unsafe { std::alloc::dealloc(chunk, chunk_layout()) };
 }
 
 /// Asks the CPU to bring the line at `block` into its caches; a hint, a no-op for
@@ -532,8 +562,12 @@ fn prefetch(block: *const Block) {
 fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
     const _: () = assert!(core::mem::size_of::<ChunkHead>() <= HEAD);
     let layout = chunk_layout();
+    #[cfg(not(loom))]
+    let cached = cache::CHUNKS.take();
+    #[cfg(loom)]
+    let cached = None;
     // SAFETY: the layout has a non-zero size.
-    let chunk = unsafe { std::alloc::alloc(layout) };
+    let chunk = cached.unwrap_or_else(|| unsafe { std::alloc::alloc(layout) });
     let Some(chunk) = NonNull::new(chunk) else {
         std::alloc::handle_alloc_error(layout);
     };
@@ -667,6 +701,99 @@ pub(crate) unsafe fn unbox<T>(value: NonNull<T>) {
         // SAFETY: `boxed` leaked this `Box` (not pooled), and it is ours now.
         drop(unsafe { Box::from_raw(value.as_ptr()) });
     }
+}
+
+/// The process's free chunks, kept for reuse rather than returned to the global
+/// allocator at once.
+///
+/// A chunk whose blocks have all come back is retired. Most retired chunks used to go
+/// straight back to `malloc`, which gives a wholly free region of its heap back to
+/// the kernel (its trim), so the next burst of timers faulted every page in again and
+/// had the kernel zero it: in a process that made a million timers, freed them and
+/// made a million more on a new thread, a third of the second million's schedule CPU
+/// was page faults on entry blocks (`perf record -e page-faults`, issue 30), a cost
+/// that a timer kept in `malloc`'s own free lists does not pay. The cache keeps up to
+/// [`CACHE_LIMIT`] chunks, their pages resident, for any thread's heap to start afresh
+/// from; beyond that a retired chunk goes back to the allocator as before. It is a
+/// plain lock: taken once per chunk made or retired (a chunk holds 680 entries of 48
+/// bytes), never per timer.
+#[cfg(not(loom))]
+mod cache {
+    use std::sync::{Mutex, MutexGuard, PoisonError};
+
+    /// A free chunk's address.
+    struct Free(*mut u8);
+
+    // SAFETY: a cached chunk is referred to by nothing but its entry in the cache
+    // (`ChunkCache::keep`'s contract), so whichever thread takes it owns it alone.
+    unsafe impl Send for Free {}
+
+    /// Free chunks, at most `limit` of them.
+    pub(super) struct ChunkCache {
+        /// The chunks; its capacity is reserved whole at the first keep.
+        free: Mutex<Vec<Free>>,
+        /// The most chunks kept.
+        limit: usize,
+    }
+
+    impl ChunkCache {
+        /// An empty cache that keeps at most `limit` chunks.
+        pub(super) const fn new(limit: usize) -> Self {
+            ChunkCache {
+                free: Mutex::new(Vec::new()),
+                limit,
+            }
+        }
+
+        /// The chunks, poison ignored (a panic while pushing or popping leaves the
+        /// vector valid).
+        fn free(&self) -> MutexGuard<'_, Vec<Free>> {
+            self.free.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+
+        /// Keeps `chunk` for reuse, or gives it back if the cache is full.
+        ///
+        /// # Safety
+        ///
+        /// Nothing refers to `chunk` any more, and it is a chunk of the pool's layout,
+        /// whose memory is valid until deallocated.
+        pub(super) unsafe fn keep(&self, chunk: *mut u8) -> Option<*mut u8> {
+            let mut free = self.free();
+            if free.len() >= self.limit {
+                return Some(chunk);
+            }
+            if free.capacity() == 0 {
+                // Reserved whole, once: so that keeping a chunk allocates nothing
+                // after the first time.
+                free.reserve_exact(self.limit);
+            }
+            free.push(Free(chunk));
+            None
+        }
+
+        /// A kept chunk, if there is one: the caller owns it.
+        pub(super) fn take(&self) -> Option<*mut u8> {
+            self.free().pop().map(|chunk| chunk.0)
+        }
+
+        /// How many chunks are kept.
+        #[cfg(test)]
+        pub(super) fn len(&self) -> usize {
+            self.free().len()
+        }
+    }
+
+    impl core::fmt::Debug for ChunkCache {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.debug_struct("ChunkCache")
+                .field("kept", &self.free().len())
+                .field("limit", &self.limit)
+                .finish()
+        }
+    }
+
+    /// The process's cache.
+    pub(super) static CHUNKS: ChunkCache = ChunkCache::new(super::CACHE_LIMIT);
 }
 
 /// The calling thread's heap.
@@ -842,6 +969,35 @@ mod tests {
         );
         // Every block is allocated again now.
         free_all(old.into_iter().chain(newer));
+    }
+
+    #[test]
+    fn the_chunk_cache_keeps_up_to_its_limit_and_gives_the_rest_back() {
+        let cache = cache::ChunkCache::new(2);
+        // SAFETY: the pool's layout, which has a non-zero size.
+        let chunks: Vec<*mut u8> = (0..3)
+            .map(|_| unsafe { std::alloc::alloc(chunk_layout()) })
+            .collect();
+        assert!(chunks.iter().all(|chunk| !chunk.is_null()));
+        // SAFETY: fresh chunks of the pool's layout that nothing else refers to.
+        let kept: Vec<Option<*mut u8>> = chunks.iter().map(|&c| unsafe { cache.keep(c) }).collect();
+        assert_eq!(
+            kept,
+            [None, None, Some(chunks[2])],
+            "the third is over the limit"
+        );
+        assert_eq!(cache.len(), 2);
+        assert_eq!(
+            cache.take(),
+            Some(chunks[1]),
+            "the last kept comes out first"
+        );
+        assert_eq!(cache.take(), Some(chunks[0]));
+        assert_eq!(cache.take(), None);
+        for chunk in chunks {
+            // SAFETY: each was allocated above with this layout and is ours again.
+            unsafe { std::alloc::dealloc(chunk, chunk_layout()) };
+        }
     }
 
     #[test]
