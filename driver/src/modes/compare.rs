@@ -35,7 +35,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::peers::{self, fill, Handle, Kind};
-use crate::report::{median_by, wait_until};
+use crate::report::median_by;
 use crate::tracker::Tracker;
 
 const REQUESTS: usize = 1_000_000;
@@ -113,16 +113,17 @@ fn rpc(kind: Kind) -> Row {
     let start = Instant::now();
     // Handles of requests left to time out, kept until they fired: dropping a tokio
     // future cancels it, so every peer keeps them alike.
-    let kept: Vec<Vec<Handle>> = on_producers(2, |producer| {
+    let kept: Vec<Vec<(usize, Handle)>> = on_producers(2, |producer| {
         let mut kept = Vec::new();
         let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
-        let mut window: std::collections::VecDeque<Handle> = Default::default();
+        let mut window: std::collections::VecDeque<(usize, Handle)> = Default::default();
         let per = REQUESTS / 2;
         for index in producer * per..(producer + 1) * per {
             let deadline = Instant::now() + TIMEOUT;
-            window.push_back(peer.schedule(TIMEOUT, move || tracker.record(index, deadline)));
+            let handle = peer.schedule(TIMEOUT, move || tracker.record(index, deadline));
+            window.push_back((index, handle));
             if window.len() > WINDOW {
-                let handle = window.pop_front().unwrap();
+                let (index, handle) = window.pop_front().unwrap();
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
@@ -130,20 +131,21 @@ fn rpc(kind: Kind) -> Row {
                     peer.cancel(&handle);
                 } else {
                     abandoned.fetch_add(1, Ordering::Relaxed);
-                    kept.push(handle);
+                    kept.push((index, handle));
                 }
             }
         }
-        for handle in window {
+        for (_, handle) in window {
             peer.cancel(&handle);
         }
         kept
     });
     let elapsed = start.elapsed();
     let expected = abandoned.load(Ordering::Relaxed);
-    wait_until(TIMEOUT + Duration::from_secs(20), || {
-        tracker.fired() >= expected
-    });
+    // Wait for the abandoned requests' timeouts, without a scan of every request's
+    // slot that would compete with the peer for the cores while they fire.
+    let abandoned_at: Vec<usize> = kept.iter().flatten().map(|&(index, _)| index).collect();
+    tracker.wait_fired_at(&abandoned_at, TIMEOUT + Duration::from_secs(20));
     // The requests' CPU, the timeouts that fired included.
     let cpu_ns = cpu.ns_per(REQUESTS);
     let (histogram, fired) = tracker.lateness();
@@ -199,7 +201,7 @@ fn burst(kind: Kind) -> Row {
         }
         kept
     });
-    wait_until(Duration::from_secs(60), || tracker.fired() >= BURST as u64);
+    tracker.wait_settled(Duration::from_secs(60));
     // Per timer: scheduling it and firing it (and the idle wait for the deadline).
     let cpu_ns = cpu.ns_per(BURST);
     let (histogram, fired) = tracker.lateness();
