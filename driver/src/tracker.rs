@@ -216,3 +216,49 @@ impl Tracker {
             .count() as u64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Tracker;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn wait_settled_returns_once_every_slot_fired_or_was_cancelled_in_any_order() {
+        let tracker = Tracker::leak(64, Instant::now(), Duration::ZERO);
+        let past = Instant::now();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // Out of order, and one cancelled: the cursor waits at the first
+                // unsettled slot and moves on once it settles.
+                for index in (0..64).rev() {
+                    if index == 7 {
+                        tracker.mark_cancelled(index);
+                    } else {
+                        tracker.record(index, past);
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+            assert!(tracker.wait_settled(Duration::from_secs(30)));
+        });
+        assert_eq!(tracker.fired(), 63);
+        assert_eq!(tracker.violations(), (0, 0));
+    }
+
+    #[test]
+    fn wait_fired_at_gives_up_after_its_timeout_on_a_timer_that_never_fires() {
+        let tracker = Tracker::leak(8, Instant::now(), Duration::ZERO);
+        tracker.record(2, Instant::now());
+        assert!(tracker.wait_fired_at(&[2], Duration::from_secs(5)));
+        let start = Instant::now();
+        assert!(!tracker.wait_fired_at(&[2, 5], Duration::from_millis(50)));
+        assert!(
+            start.elapsed() >= Duration::from_millis(50),
+            "waited its timeout"
+        );
+        assert!(
+            !tracker.wait_settled(Duration::from_millis(10)),
+            "slot 0 never fired"
+        );
+    }
+}
