@@ -31,7 +31,11 @@
 //! class: at most one spare per class stays. A chunk with any entry alive stays. When a
 //! thread exits, its heap is abandoned to a global list, and the next thread that
 //! needs a heap adopts it (chunks, free lists, and the lists that frees have filled
-//! meanwhile): until then the abandoned heap's chunks stay allocated. A heap's own
+//! meanwhile). A heap takes back its freed blocks only when it collects: when a class's
+//! current chunk is used up, and once more as its thread exits (the chunks all of
+//! whose blocks are back then go to the cache). So the chunks of a live thread that
+//! has stopped making timers, and of an abandoned heap whose blocks were freed after
+//! its thread exited, stay with that heap until it collects again. A heap's own
 //! record (2 KiB) is never freed, since frees into its chunks may come at any time;
 //! there are at most as many as threads that created timers at the same time.
 //!
@@ -77,10 +81,11 @@ pub const CHUNK: usize = 1024;
 /// The most free chunks the process keeps for reuse ([`cache`]): 32 MiB, the entries of
 /// about 690,000 timers with a 16-byte capture. A burst larger than that gives the
 /// rest of its chunks back to the allocator when its timers are gone. None under Miri,
-/// so that a use of a chunk after its retirement is a use after free that Miri reports,
-/// rather than a use of a chunk another heap may be handing out again.
+/// and in a build with `--cfg chunk_cache_off` (`.ci/run`'s AddressSanitizer step), so
+/// that a use of a chunk after its retirement is a use after free that Miri or the
+/// sanitizer reports, rather than a use of a chunk another heap may be handing out again.
 #[cfg(not(loom))]
-const CACHE_LIMIT: usize = if cfg!(miri) {
+const CACHE_LIMIT: usize = if cfg!(any(miri, chunk_cache_off)) {
     0
 } else {
     32 * 1024 * 1024 / CHUNK
@@ -269,8 +274,26 @@ impl core::fmt::Debug for Heap {
 
 impl Drop for Heap {
     /// A heap's chunks may hold live entries, and frees into it may come later: it is
-    /// abandoned, for the next thread that needs a heap to adopt, never freed.
+    /// abandoned, for the next thread that needs a heap to adopt, never freed. First it
+    /// takes back what frees have sent and retires the chunks whose blocks all came
+    /// back, its spares included (to the cache, or the allocator when the cache is
+    /// full), so that an exited thread's free chunks serve other threads at once, not
+    /// only whichever one adopts its heap.
     fn drop(&mut self) {
+        #[cfg(not(loom))]
+        {
+            self.held -= collect(self.shared, &mut self.classes);
+            for state in &mut self.classes {
+                let spare = core::mem::replace(&mut state.spare, ptr::null_mut());
+                if !spare.is_null() {
+                    // SAFETY: a spare is a live chunk of ours with no block out, on no
+                    // list, neither current nor queued; nothing refers to it once it
+                    // is no longer the spare.
+                    unsafe { release_chunk(spare.cast()) };
+                    self.held -= 1;
+                }
+            }
+        }
         #[cfg(not(loom))]
         local::abandon(Heap {
             shared: self.shared,
