@@ -585,12 +585,12 @@ fn prefetch(block: *const Block) {
 fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
     const _: () = assert!(core::mem::size_of::<ChunkHead>() <= HEAD);
     let layout = chunk_layout();
-    #[cfg(not(loom))]
-    let cached = cache::CHUNKS.take();
-    #[cfg(loom)]
-    let cached = None;
-    // SAFETY: the layout has a non-zero size.
-    let chunk = cached.unwrap_or_else(|| unsafe { std::alloc::alloc(layout) });
+    // A kept chunk first (its pages resident), else a new allocation.
+    let chunk = match take_cached() {
+        Some(chunk) => chunk,
+        // SAFETY: the layout has a non-zero size.
+        None => unsafe { std::alloc::alloc(layout) },
+    };
     let Some(chunk) = NonNull::new(chunk) else {
         std::alloc::handle_alloc_error(layout);
     };
@@ -610,6 +610,15 @@ fn new_chunk(heap: &'static HeapShared, class: usize) -> NonNull<u8> {
         });
     }
     chunk
+}
+
+/// A chunk from the process's cache of free chunks ([`cache`]), if it has one: the
+/// caller owns it. Never under loom, which has no cache.
+fn take_cached() -> Option<*mut u8> {
+    #[cfg(not(loom))]
+    return cache::CHUNKS.take();
+    #[cfg(loom)]
+    None
 }
 
 /// Every chunk's layout: `CHUNK` bytes aligned to `CHUNK`.
