@@ -5,6 +5,8 @@
 //! (the crate docs' guarantees and the public items' docs), on real threads: 2 to 4
 //! threads at a time, every wait bounded.
 
+mod support;
+
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering:
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+use support::Rng;
 
 use sharded_timer::{
     Callbacks, ManualClock, ScheduleError, ShardedTimer, TimerHandle, TimerId, TimerState,
@@ -63,24 +67,6 @@ fn pin_to(k: usize) -> bool {
 /// Usable cores.
 fn cores() -> usize {
     core_affinity::get_core_ids().map_or(1, |ids| ids.len())
-}
-
-/// A small xorshift, so runs vary without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Runs its closure when dropped: a capture (or waker) with a hostile destructor.

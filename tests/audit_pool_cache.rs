@@ -55,7 +55,7 @@ use std::time::Duration;
 use sharded_timer::{
     Callbacks, ManualClock, ScheduleError, ShardedTimer, TimerHandle, TimerState, Unfired,
 };
-use support::{wait_until, WAIT};
+use support::{wait_until, Rng, WAIT};
 
 const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -1570,21 +1570,6 @@ fn timers_scheduled_from_thread_local_destructors_are_dropped_once() {
 // ---------------------------------------------------------------------------------
 // Everything at once.
 // ---------------------------------------------------------------------------------
-
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Three driver threads at once, for up to a second and a half, each in a loop: a short-lived
 /// child thread bursts 100 to 1,500 timers in one capture size (any of 0..=302),

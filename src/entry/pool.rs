@@ -25,7 +25,8 @@
 //! (started afresh before a new chunk is allocated) or, if there is one already, goes
 //! to the process's cache of free chunks (up to 32 MiB, whence any heap's next new
 //! chunk comes first, its pages still resident: see [`cache`]) or, the cache full, back
-//! to the global allocator, whether it was current, waiting in `ready` or neither. The owner takes back what frees have sent for *every* class whenever
+//! to the global allocator, whether it was current, waiting in `ready` or neither.
+//! The owner takes back what frees have sent for *every* class whenever
 //! it collects for one (its current chunk of that class used up), so a class the
 //! thread stopped using gives its chunks back at the thread's next collection of any
 //! class: at most one spare per class stays. A chunk with any entry alive stays. When a

@@ -154,3 +154,27 @@ pub(crate) fn on_each_core<T: Send>(cores: usize, f: impl Fn(usize) -> T + Sync)
         threads.into_iter().map(|t| t.join().unwrap()).collect()
     })
 }
+
+/// A small xorshift (Marsaglia, "Xorshift RNGs", 2003; shifts 13, 7, 17), so that
+/// runs vary without a dependency. The tuple field is its state (never 0).
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    /// A generator whose state is derived from `seed` (any value, 0 included).
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// The next value.
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A value below `n` (not exactly uniform; enough for choosing test steps).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
