@@ -33,7 +33,7 @@ async fn serve(timer: ShardedTimer, mut socket: TcpStream, closed_idle: Arc<Atom
                 Ok(0) | Err(_) => return, // the client left
                 Ok(n) => {
                     // A message: IDLE more from the service's now.
-                    idle.as_mut().reset(timer.now() + IDLE);
+                    idle.as_mut().reset((timer.now() + IDLE).into());
                     // The answer, under a deadline: `Err` if it elapsed first.
                     match timer.timeout(REQUEST_TIMEOUT, socket.write_all(&buffer[..n])).await {
                         Ok(Ok(())) => {}

@@ -17,7 +17,7 @@ async fn retry(timer: &ShardedTimer, mut attempt: impl FnMut(Instant) -> bool) -
     let attempts = async {
         loop {
             let at = every_2s.tick().await;
-            if attempt(at) {
+            if attempt(at.into_std()) {
                 return;
             }
         }

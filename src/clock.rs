@@ -21,11 +21,13 @@
 #[cfg(not(loom))]
 mod armed;
 pub(crate) mod coarse;
+mod instant;
 mod manual;
 mod units;
 
 #[cfg(not(loom))]
 pub(crate) use armed::{catch_up_before_arming, note_armed, set_armed_hook, ArmedListener};
+pub use instant::Instant as TimeInstant;
 pub use manual::ManualClock;
 pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
 pub use units::{Nanos, Tick};
@@ -172,6 +174,16 @@ impl Clock {
         }
     }
 
+    /// The clock of a service that a gridded manual clock drives
+    /// ([`ManualClock::on_grid`]): its wheel's ticks are the grid's steps, from the
+    /// manual clock's start, so a deadline is due at the grid point at or after it.
+    pub(crate) fn on_grid(start: Instant, grid_ns: u64, tick: Duration) -> Self {
+        Clock {
+            resolution: tick,
+            ..Clock::at(start, grid_ns)
+        }
+    }
+
     /// A clock whose tick 0 is `start` and whose ticks are `tick_ns` nanoseconds long.
     pub(crate) fn at(start: Instant, tick_ns: u64) -> Self {
         Clock {
@@ -221,8 +233,14 @@ impl Clock {
         self.due_tick(self.instant_to_ns(deadline))
     }
 
-    /// The tick containing `now`, rounded down.
+    /// The tick containing `now`, rounded down; at or past the far future, the far
+    /// future's own (due) tick, so that every deadline is due there whatever the tick
+    /// length (a deadline saturated at the far future rounds up to the tick after the
+    /// one the far future lies in).
     pub(crate) fn tick_of(&self, now: Instant) -> Tick {
+        if now >= self.far_future {
+            return self.due_tick(Nanos::FAR_FUTURE);
+        }
         let ns = now.saturating_duration_since(self.start).as_nanos();
         Tick::new(match u64::try_from(ns) {
             Ok(ns) => ns / self.ticks.tick_ns,

@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
+use crate::clock::TimeInstant;
 use crate::error::Refusal;
 use crate::handle::EntryHandle;
 use crate::home::CoreHome;
@@ -304,6 +305,22 @@ impl Sleep {
         self.home.now()
     }
 
+    /// On a paused thread, brings the paused clock up to tokio's paused one first (it
+    /// may have moved since this thread last looked), firing what that made due, so a
+    /// poll or a read of now sees the clock the task sees; a no-op elsewhere.
+    pub(crate) fn catch_up(&self) {
+        #[cfg(not(loom))]
+        if self.home.is_manual() {
+            crate::clock::catch_up_before_arming();
+        }
+    }
+
+    /// Whether `deadline` is due on the service's clock: at or before now (on a
+    /// paused clock that follows tokio's, at or before its last 1 ms tick).
+    pub(crate) fn is_due(&self, deadline: Instant) -> bool {
+        self.home.is_past(deadline)
+    }
+
     /// The service's tick.
     pub(crate) fn tick(&self) -> std::time::Duration {
         self.home.clock().resolution()
@@ -323,14 +340,14 @@ impl Sleep {
 
     /// The deadline asked for (not rounded to the tick): the last
     /// [`reset`](Self::reset)'s, if any. (A [`Timeout`]'s, made with a delay, is fixed
-    /// at its first poll: see [`Timeout::deadline`].) A `std::time::Instant` (tokio's returns its
-    /// own `Instant`): a [`time::Instant`](crate::time::Instant) compares with it as
-    /// it stands, and it converts into one with `.into()`. A deadline beyond the
+    /// at its first poll: see [`Timeout::deadline`].) A
+    /// [`time::Instant`](crate::time::Instant), as tokio's (`.into_std()` gives the
+    /// `std::time::Instant`; it also compares with one as it stands). A deadline beyond the
     /// service clock's far future (about 292 years after its start; `Duration::MAX`
     /// from now) saturates there, where a [`ManualClock`](crate::ManualClock)
     /// advanced by `Duration::MAX` reaches it.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
+    pub fn deadline(&self) -> TimeInstant {
+        TimeInstant::from_std(self.deadline)
     }
 
     /// Whether the deadline has passed (the timer fired, or a poll found it past).
@@ -344,8 +361,8 @@ impl Sleep {
             .is_some_and(|armed| armed.outcome() == ELAPSED)
     }
 
-    /// Moves the deadline to `deadline` (a `std::time::Instant` or a
-    /// [`time::Instant`](crate::time::Instant)) and re-arms the sleep, whether or not
+    /// Moves the deadline to `deadline` (a [`time::Instant`](crate::time::Instant), as
+    /// tokio's; `std_instant.into()` converts one) and re-arms the sleep, whether or not
     /// it has completed: it completes again at or after the new deadline (one at or
     /// before the service's now: at the next poll, with no timer). A pending timer is moved in
     /// place, in O(1), through its handle's [`reset_at`](crate::TimerHandle::reset_at),
@@ -368,16 +385,19 @@ impl Sleep {
     /// let timer = sharded_timer::ShardedTimer::new();
     /// let mut idle = pin!(timer.sleep(Duration::from_secs(30)));
     /// // A packet arrived: 30 s more from now.
-    /// idle.as_mut().reset(std::time::Instant::now() + Duration::from_secs(30));
+    /// idle.as_mut().reset((std::time::Instant::now() + Duration::from_secs(30)).into());
     /// assert!(!idle.is_elapsed());
     /// ```
     ///
     /// # Panics
     ///
     /// Never.
-    pub fn reset(self: Pin<&mut Self>, deadline: impl Into<Instant>) {
-        let deadline = deadline.into();
+    pub fn reset(self: Pin<&mut Self>, deadline: TimeInstant) {
+        let deadline = deadline.into_std();
         let this = self.get_mut();
+        // A paused thread's clock first catches up with tokio's, so a deadline its
+        // clock has passed is judged past, as tokio's reset judges it.
+        this.catch_up();
         let deadline = saturated(&this.home, deadline);
         this.deadline = deadline;
         this.unfixed = FIXED;
@@ -389,6 +409,12 @@ impl Sleep {
             && matches!(armed, Armed::Timer(handle)
                 if handle.reset_to(this.home.clock().instant_to_ns(deadline)));
         if moved {
+            // Moved in place, maybe earlier: a paused thread's mirror looks for the
+            // earliest timer again, as for a timer armed anew.
+            #[cfg(not(loom))]
+            if this.home.is_manual() {
+                crate::clock::note_armed(deadline);
+            }
             return;
         }
         let waiting = armed.give_up(&this.home);
@@ -419,6 +445,12 @@ impl Future for Sleep {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
+        // A paused thread's clock catches up with tokio's before the timer is judged:
+        // a sleep whose deadline tokio's clock has reached completes at this poll, as
+        // tokio's own does (arming catches up by itself).
+        if matches!(this.armed, Armed::Timer(_)) {
+            this.catch_up();
+        }
         let armed = match this.armed {
             Armed::Done(Done::Unarmed) => this.arm(),
             ref armed => armed,
@@ -527,8 +559,12 @@ impl<F> Timeout<F> {
     /// [`ManualClock`](crate::ManualClock) (and under paused time) it is exactly the
     /// time it was made plus `d`, saturating at the clock's far future as
     /// [`Sleep::deadline`] says.
+    ///
+    /// A `std::time::Instant`, as the service API's instants (tokio's `Timeout` has no
+    /// such method; [`Sleep::deadline`] returns a [`time::Instant`](crate::time::Instant)
+    /// as tokio's does).
     pub fn deadline(&self) -> Instant {
-        self.sleep.deadline()
+        self.sleep.deadline
     }
 
     /// The future under the deadline.

@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use crate::clock::TimeInstant;
 use crate::clock::{instant_after, Nanos};
 use crate::{ShardedTimer, Sleep};
 
@@ -153,25 +154,30 @@ impl Interval {
         }
     }
 
-    /// Completes at or after the next grid point and yields the `Instant` it was due.
-    /// Cancel-safe: dropping the future before it completes loses no tick. A
-    /// `std::time::Instant` (tokio's yields its own `Instant`): a
-    /// [`time::Instant`](crate::time::Instant) compares with it as it stands, and it
-    /// converts into one with `.into()`.
-    pub fn tick(&mut self) -> impl Future<Output = Instant> + '_ {
+    /// Completes at or after the next grid point and yields the instant it was due, a
+    /// [`time::Instant`](crate::time::Instant) (as tokio's; `.into_std()` gives the
+    /// `std::time::Instant`). Cancel-safe: dropping the future before it completes
+    /// loses no tick.
+    pub fn tick(&mut self) -> impl Future<Output = TimeInstant> + '_ {
         poll_fn(move |cx| self.poll_tick(cx))
     }
 
     /// The poll form of [`tick`](Self::tick), for hand-written futures and streams:
     /// `Ready(due)` once the next tick is due, otherwise `Pending` with `cx`'s waker
     /// registered.
-    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
-        if self.next > self.sleep.now() {
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<TimeInstant> {
+        // A paused thread's clock first catches up with tokio's paused one: missed
+        // ticks are judged by the clock the task sees (`Delay`, `Skip`).
+        self.sleep.catch_up();
+        // Due as the sleep would judge it: on a paused clock that follows tokio's, on
+        // tokio's 1 ms grid (a first tick at a now off the grid waits for the next
+        // tick, as tokio's does).
+        if !self.sleep.is_due(self.next) {
             if self.sleep.deadline() != self.next || self.sleep.is_elapsed() {
-                Pin::new(&mut self.sleep).reset(self.next);
+                Pin::new(&mut self.sleep).reset(TimeInstant::from_std(self.next));
                 // A grid point past the clock's far future saturates there, as the
                 // sleep's deadline does: the tick yields the instant it completes at.
-                self.next = self.sleep.deadline();
+                self.next = self.sleep.deadline().into_std();
             }
             if Pin::new(&mut self.sleep).poll(cx).is_pending() {
                 return Poll::Pending;
@@ -182,7 +188,7 @@ impl Interval {
         self.next = self
             .behavior
             .next_after(due, self.sleep.now(), self.period, self.sleep.tick());
-        Poll::Ready(due)
+        Poll::Ready(TimeInstant::from_std(due))
     }
 
     /// How missed ticks are handled from now on.
@@ -208,18 +214,20 @@ impl Interval {
     /// Moves the next tick to now: it completes at the next poll; later ticks follow
     /// one period apart from it.
     pub fn reset_immediately(&mut self) {
+        self.sleep.catch_up();
         self.next = self.sleep.now();
     }
 
     /// Moves the next tick to `after` from now (saturating), keeping the period.
     pub fn reset_after(&mut self, after: Duration) {
+        self.sleep.catch_up();
         self.next = add_saturating(self.sleep.now(), after);
     }
 
     /// Moves the next tick to `deadline` (at once if it has passed), keeping the
     /// period.
-    pub fn reset_at(&mut self, deadline: impl Into<Instant>) {
-        self.next = deadline.into();
+    pub fn reset_at(&mut self, deadline: TimeInstant) {
+        self.next = deadline.into_std();
     }
 
     /// Whether the service refused the last tick's timer (it shut down): ticks then
@@ -234,9 +242,9 @@ impl Interval {
 #[cfg(feature = "stream")]
 #[cfg_attr(docsrs, doc(cfg(feature = "stream")))]
 impl futures_core::Stream for Interval {
-    type Item = Instant;
+    type Item = TimeInstant;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Instant>> {
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<TimeInstant>> {
         self.get_mut().poll_tick(cx).map(Some)
     }
 }

@@ -283,4 +283,12 @@ pub use time::{global, EnterGuard};
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
 pub use sharded_timer_macros::{main, test};
+
+/// What the attribute macros' expansions name, so that a user's crate needs no
+/// `tokio` dependency of its own: not public API.
+#[cfg(feature = "tokio")]
+#[doc(hidden)]
+pub mod __private {
+    pub use tokio;
+}
 pub use timer::{Builder, ShardedTimer};

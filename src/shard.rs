@@ -191,6 +191,11 @@ pub struct ShardShared {
     /// Repeating timers cancelled while out of the wheel for a run (the shard never
     /// sees those cancels). Written by the runners (Relaxed `fetch_add`).
     run_cancelled: AtomicU64,
+    /// Runs of repeating timers handed over (counted in `fired` and `runs` when the
+    /// turn fired them) that never started: a cancel won before the run began, or the
+    /// run was given up unrun. `Stats::fired` counts runs that started, so these are
+    /// taken off again when the counters are read.
+    run_unstarted: AtomicU64,
     /// Pending timers that shutdown took out of this shard (handed back as `Unfired`,
     /// or cancelled if a sleep's). Written at shutdown (Relaxed `fetch_add`).
     pub(crate) returned: AtomicU64,
@@ -273,6 +278,7 @@ impl ShardShared {
             skipped: AtomicU64::new(0),
             refiled: AtomicU64::new(0),
             run_cancelled: AtomicU64::new(0),
+            run_unstarted: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             limit,
             ring_full_waits: std::sync::atomic::AtomicU64::new(0),
@@ -308,17 +314,27 @@ impl ShardShared {
     pub(crate) fn load(&self) -> Load {
         // ORDERING: Relaxed throughout: statistics, exact at quiescence.
         let from_ring = self.stats.scheduled.load(Ordering::Relaxed);
+        // ORDERING: as above.
+        let unstarted = self.run_unstarted.load(Ordering::Relaxed);
         Load {
             // ORDERING: as above.
             scheduled: from_ring + self.stats.filed_direct.load(Ordering::Relaxed),
             // ORDERING: as above.
-            fired: self.stats.fired.load(Ordering::Relaxed),
+            fired: self
+                .stats
+                .fired
+                .load(Ordering::Relaxed)
+                .saturating_sub(unstarted),
             // ORDERING: as above.
             cancelled: self.stats.cancelled.load(Ordering::Relaxed)
                 // ORDERING: as above.
                 + self.run_cancelled.load(Ordering::Relaxed),
             // ORDERING: as above.
-            runs: self.stats.runs.load(Ordering::Relaxed),
+            runs: self
+                .stats
+                .runs
+                .load(Ordering::Relaxed)
+                .saturating_sub(unstarted),
             // ORDERING: as above.
             refiled: self.refiled.load(Ordering::Relaxed),
             // ORDERING: as above.
@@ -642,6 +658,11 @@ impl RunSink for Arc<ShardShared> {
 
     fn count_run_cancelled(&self) {
         ShardShared::count_run_cancelled(self);
+    }
+
+    fn count_run_unstarted(&self) {
+        // ORDERING: Relaxed: a statistic, exact at quiescence.
+        self.run_unstarted.fetch_add(1, Ordering::Relaxed);
     }
 
     fn release_room(&self) {

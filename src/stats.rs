@@ -256,7 +256,7 @@ pub struct ShardLoad {
     /// Timers in this shard's insert ring, not yet taken into its wheel (reserved
     /// slots included).
     pub in_ring: u64,
-    /// Timers this shard fired (and runs of repeating timers).
+    /// Timers this shard fired (and runs of repeating timers that started).
     pub fired: u64,
     /// Times a producer found one of this shard's rings full and waited for room.
     pub ring_full_waits: u64,
@@ -303,8 +303,10 @@ pub struct Stats {
     pub pending: u64,
     /// Timers the shards have taken in; a repeating timer once, not once per run.
     pub scheduled: u64,
-    /// Timers whose callbacks were handed to the executor, and runs of repeating
-    /// timers.
+    /// One-shot timers whose callbacks were handed to the executor, and runs of
+    /// repeating timers that started: a run handed over and then stopped by a `true`
+    /// cancel before it began (or given up unrun) is not a fire. Between the hand-over
+    /// and the run's start (or its cancel) the run counts, as it may still start.
     pub fired: u64,
     /// Cancelled timers the shards have processed.
     pub cancelled: u64,

@@ -1834,7 +1834,7 @@ fn sleep_reset_earlier_while_the_shard_sleeps_wakes_on_time() {
         assert!(poll_once(sleep.as_mut(), &waker).is_pending());
         std::thread::sleep(Duration::from_millis(15));
         let new_deadline = Instant::now() + Duration::from_millis(5);
-        sleep.as_mut().reset(new_deadline);
+        sleep.as_mut().reset(new_deadline.into());
         assert!(poll_once(sleep.as_mut(), &waker).is_pending());
         assert!(
             wait_until(Duration::from_secs(5), || woken.load(SeqCst) >= 1),

@@ -154,13 +154,13 @@ fn a_sleep_reset_after_the_clones_are_gone_rearms_and_fires() {
     drop(timer);
     expect_fires_on_time(&mut sleep, "first deadline");
     // Completed: re-armed with a new timer.
-    Pin::new(&mut sleep).reset(Instant::now() + Duration::from_millis(20));
+    Pin::new(&mut sleep).reset((Instant::now() + Duration::from_millis(20)).into());
     assert!(!sleep.is_elapsed());
     expect_fires_on_time(&mut sleep, "after reset of a completed sleep");
     // Pending: moved in place, then the far one moved near.
-    Pin::new(&mut sleep).reset(Instant::now() + Duration::from_secs(60));
+    Pin::new(&mut sleep).reset((Instant::now() + Duration::from_secs(60)).into());
     assert!(poll_once(&mut sleep).is_pending());
-    Pin::new(&mut sleep).reset(Instant::now() + Duration::from_millis(10));
+    Pin::new(&mut sleep).reset((Instant::now() + Duration::from_millis(10)).into());
     expect_fires_on_time(&mut sleep, "after reset of a pending sleep");
     expect_still_running(p, 2, "the sleep is alive");
     drop(sleep);
@@ -561,7 +561,7 @@ fn explicit_shutdown_refuses_a_live_sleep_even_after_the_other_clones_are_gone()
     assert_eq!(sleep.refused(), Some(ScheduleError::Shutdown));
     assert!(!sleep.is_elapsed());
     // Re-armed after the shutdown: completes at once, refused.
-    Pin::new(&mut sleep).reset(Instant::now() + Duration::from_secs(60));
+    Pin::new(&mut sleep).reset((Instant::now() + Duration::from_secs(60)).into());
     assert!(poll_once(&mut sleep).is_ready());
     assert_eq!(sleep.refused(), Some(ScheduleError::Shutdown));
     let mut tick = Box::pin(interval.tick());
@@ -879,7 +879,7 @@ fn the_last_sleeps_reset_onto_a_full_peer_ring_then_dropped_in_a_callback() {
                 // Each reset files a new timer on core 1's shard, from this shard's
                 // thread: the small ring fills and pushes are deferred.
                 for sleep in &mut sleeps {
-                    Pin::new(sleep).reset(far);
+                    Pin::new(sleep).reset(far.into());
                 }
                 drop(sleeps); // the last futures: the service shuts down here
                 d.store(true, Ordering::SeqCst);

@@ -479,14 +479,14 @@ fn one_round(timer: &ShardedTimer, probe: &Arc<Probe>, scenario: &Scenario) -> R
                     }
                     Filing::Sleep => {
                         let mut sleep = Box::pin(timer.sleep(VICTIM_DELAY));
-                        let deadline = sleep.deadline();
+                        let deadline = sleep.deadline().into_std();
                         let fired = wait_sleep(sleep.as_mut());
                         (deadline, fired, current_name())
                     }
                     Filing::SleepResetEarlier => {
                         let sleep = sleep.as_mut().unwrap();
-                        sleep.as_mut().reset(Instant::now() + VICTIM_DELAY);
-                        let deadline = sleep.deadline();
+                        sleep.as_mut().reset((Instant::now() + VICTIM_DELAY).into());
+                        let deadline = sleep.deadline().into_std();
                         let fired = wait_sleep(sleep.as_mut());
                         (deadline, fired, current_name())
                     }

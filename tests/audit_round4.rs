@@ -1108,7 +1108,10 @@ fn interval_repolled_from_its_own_wake_ticks_in_order_never_early() {
             let mut guard = self.interval.lock().unwrap();
             if let Some(iv) = guard.as_mut() {
                 while let Poll::Ready(due) = iv.poll_tick(&mut cx) {
-                    self.ticks.lock().unwrap().push((due, Instant::now()));
+                    self.ticks
+                        .lock()
+                        .unwrap()
+                        .push((due.into_std(), Instant::now()));
                     if self.ticks.lock().unwrap().len() >= 30 {
                         return;
                     }
@@ -1238,7 +1241,7 @@ fn sleeps_and_timeouts_racing_shutdown() {
                         0 => drop(timer.sleep(d)),
                         1 => {
                             let mut s = Box::pin(timer.sleep(d));
-                            s.as_mut().reset(Instant::now() + d / 2);
+                            s.as_mut().reset((Instant::now() + d / 2).into());
                             let _ = s.as_mut().poll(&mut Context::from_waker(&noop_waker()));
                         }
                         2 => {
@@ -1306,7 +1309,7 @@ fn sleep_reset_to_a_past_deadline_after_poll_wakes_the_registered_task() {
         .is_pending());
     sleep
         .as_mut()
-        .reset(Instant::now() - Duration::from_millis(1));
+        .reset((Instant::now() - Duration::from_millis(1)).into());
     let woke = wait_until(Duration::from_secs(2), || wake.woken.load(Ordering::SeqCst));
     assert!(sleep
         .as_mut()
@@ -1339,7 +1342,7 @@ fn sleep_reset_after_poll_without_repoll_wakes_the_registered_task() {
             .is_pending());
         sleep
             .as_mut()
-            .reset(Instant::now() + Duration::from_millis(5));
+            .reset((Instant::now() + Duration::from_millis(5)).into());
         let woke = wait_until(Duration::from_secs(2), || wake.woken.load(Ordering::SeqCst));
         assert!(
             woke,
@@ -1919,7 +1922,7 @@ fn deadline_is_the_instant_asked_for_everywhere() {
         assert!(handles[4].reset_at(moved));
         assert_eq!(handles[4].deadline(), moved);
         let mut s = Box::pin(timer.sleep(Duration::from_secs(1)));
-        s.as_mut().reset(moved);
+        s.as_mut().reset(moved.into());
         assert_eq!(s.deadline(), moved);
         // Callback::deadline for the due ones.
         if use_manual {

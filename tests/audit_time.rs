@@ -1089,7 +1089,7 @@ async fn a_stored_instant_compares_with_deadline_and_tick() {
     sleep.await;
     assert_eq!(time::Instant::now(), lease.expires);
     let mut interval = time::interval_at(lease.expires + MS, MS);
-    let tick: time::Instant = interval.tick().await.into();
+    let tick: time::Instant = interval.tick().await;
     assert_eq!(tick - lease.expires, MS);
     assert_eq!(tick.duration_since(lease.expires), MS);
     assert_eq!(lease.expires.duration_since(tick), Duration::ZERO);

@@ -694,7 +694,7 @@ fn on_a_manual_clock_the_deadline_is_exactly_made_plus_d_whenever_first_polled()
 fn on_a_manual_clock_huge_delays_saturate_exactly_at_the_far_future() {
     let clock = ManualClock::new();
     let timer = manual_timer(&clock);
-    let far = timer.sleep(Duration::MAX).deadline();
+    let far = timer.sleep(Duration::MAX).deadline().into_std();
     let huge = [
         Duration::MAX,
         Duration::from_nanos(u64::MAX),
@@ -734,7 +734,7 @@ fn on_a_manual_clock_huge_delays_saturate_exactly_at_the_far_future() {
 #[test]
 fn on_the_system_clock_huge_delays_saturate_and_are_never_early() {
     let timer = small_timer();
-    let far = timer.sleep(Duration::MAX).deadline();
+    let far = timer.sleep(Duration::MAX).deadline().into_std();
     let huge = [
         Duration::MAX,
         Duration::from_nanos(u64::MAX),

@@ -389,7 +389,9 @@ fn sleep_reset_moves_a_pending_sleep_either_way_and_re_arms_a_completed_one() {
     // Later: in place.
     let mut sleep = pin!(timer.sleep(Duration::from_secs(10)));
     assert!(poll_once(sleep.as_mut()).is_pending());
-    sleep.as_mut().reset(start + Duration::from_secs(20));
+    sleep
+        .as_mut()
+        .reset((start + Duration::from_secs(20)).into());
     assert_eq!(sleep.deadline(), start + Duration::from_secs(20));
     clock.advance(Duration::from_secs(10));
     assert!(
@@ -399,7 +401,9 @@ fn sleep_reset_moves_a_pending_sleep_either_way_and_re_arms_a_completed_one() {
     clock.advance(Duration::from_secs(10));
     assert!(poll_once(sleep.as_mut()).is_ready(), "due at 20 s");
     // After completion: re-armed.
-    sleep.as_mut().reset(start + Duration::from_secs(25));
+    sleep
+        .as_mut()
+        .reset((start + Duration::from_secs(25)).into());
     assert!(!sleep.is_elapsed());
     assert!(poll_once(sleep.as_mut()).is_pending());
     clock.advance(Duration::from_secs(4));
@@ -409,7 +413,9 @@ fn sleep_reset_moves_a_pending_sleep_either_way_and_re_arms_a_completed_one() {
     // Earlier.
     let mut sleep = pin!(timer.sleep(Duration::from_secs(60)));
     assert!(poll_once(sleep.as_mut()).is_pending());
-    sleep.as_mut().reset(clock.now() + Duration::from_secs(1));
+    sleep
+        .as_mut()
+        .reset((clock.now() + Duration::from_secs(1)).into());
     clock.advance(Duration::from_secs(1));
     assert!(
         poll_once(sleep.as_mut()).is_ready(),
@@ -424,7 +430,7 @@ fn sleep_reset_moves_a_pending_sleep_either_way_and_re_arms_a_completed_one() {
 fn ready_ticks(interval: &mut Interval) -> Vec<Instant> {
     let mut ticks = Vec::new();
     while let Poll::Ready(due) = poll_once(pin!(interval.tick())) {
-        ticks.push(due);
+        ticks.push(due.into_std());
         assert!(ticks.len() < 100, "an interval that never stops yielding");
     }
     ticks

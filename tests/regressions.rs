@@ -419,7 +419,7 @@ fn d9_a_deadline_at_or_before_now_completes_at_the_first_poll() {
         }
         let mut later = pin!(timer.sleep(Duration::from_secs(1)));
         assert!(poll_once(later.as_mut()).is_pending());
-        later.as_mut().reset(clock.now() - MS);
+        later.as_mut().reset((clock.now() - MS).into());
         assert!(poll_once(later.as_mut()).is_ready(), "reset into the past");
         clock.advance(MS);
     }

@@ -278,7 +278,7 @@ fn d10_tokio_immediate_sleep() {
     assert!(sleep.is_elapsed());
     assert!(timer.now() - now <= MS);
     // The same after a reset to a passed deadline, and on the system clock.
-    sleep.as_mut().reset(now);
+    sleep.as_mut().reset(now.into());
     assert!(poll_once(sleep.as_mut()).is_ready());
     assert!(sleep.is_elapsed());
     drop(timer.shutdown());
@@ -302,7 +302,7 @@ fn await_with_advance(
     let clock = ManualClock::new();
     let timer = manual(&clock, 1, Callbacks::inline());
     let mut sleep = pin!(timer.sleep(delay));
-    let deadline = sleep.deadline();
+    let deadline = sleep.deadline().into_std();
     let mut done = poll_once(sleep.as_mut()).is_ready();
     for _ in 0..2 {
         if done {

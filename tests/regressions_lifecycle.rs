@@ -273,8 +273,8 @@ fn d8_a_cancel_that_returns_true_stops_a_run_queued_behind_a_busy_worker() {
             })
             .expect("scheduled")
     };
-    // The shard hands the first run to the pool (`fired` counts it), where it waits
-    // behind the blocked callback.
+    // The shard hands the first run to the pool (`fired` counts it while it may still
+    // start), where it waits behind the blocked callback.
     assert!(wait_until(WAIT, || timer.stats().fired == 2));
     assert_eq!(repeating.state(), TimerState::Pending);
     assert!(repeating.cancel(), "pending: the cancel wins");
@@ -292,9 +292,12 @@ fn d8_a_cancel_that_returns_true_stops_a_run_queued_behind_a_busy_worker() {
     );
     assert!(timer.shutdown().is_empty());
     let stats = timer.stats();
+    // `fired` counts the blocker only: a run handed over and stopped by a `true`
+    // cancel before it began is not a fire (issue 38: it counted, so `fired` was one
+    // above the runs that happened in about 5 % of a model test's seeds).
     assert_eq!(
         (stats.scheduled, stats.fired, stats.cancelled, stats.pending),
-        (2, 2, 1, 0),
+        (2, 1, 1, 0),
         "{stats:?}"
     );
     assert_eq!(drops.dropped(), 1, "dropped once");

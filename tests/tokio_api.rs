@@ -35,7 +35,8 @@ fn now_is_the_manual_clock_s_so_deadlines_computed_from_it_are_exact() {
     let mut idle = pin!(timer.sleep(2 * MS));
     clock.advance(MS);
     // A packet arrived: 2 s idle from the service's now, not the wall clock's.
-    idle.as_mut().reset(timer.now() + Duration::from_secs(2));
+    idle.as_mut()
+        .reset((timer.now() + Duration::from_secs(2)).into());
     clock.advance(Duration::from_secs(2) - Duration::from_nanos(1));
     assert!(
         poll_once(idle.as_mut()).is_pending(),
@@ -66,7 +67,7 @@ fn timeout_at_gives_up_at_its_instant() {
 fn each_interval_reset_moves_the_next_tick() {
     let clock = ManualClock::new();
     let timer = service(&clock);
-    let start = timer.now();
+    let start = sharded_timer::time::Instant::from_std(timer.now());
     let mut interval = timer.interval(10 * MS);
     assert_eq!(poll_once(pin!(interval.tick())), Poll::Ready(start));
 
@@ -122,7 +123,7 @@ fn an_interval_is_a_stream_of_due_instants() {
     use futures_core::Stream;
     let clock = ManualClock::new();
     let timer = service(&clock);
-    let start = timer.now();
+    let start = sharded_timer::time::Instant::from_std(timer.now());
     let mut ticks = pin!(timer.interval(5 * MS));
     let mut cx = Context::from_waker(Waker::noop());
     assert_eq!(ticks.as_mut().poll_next(&mut cx), Poll::Ready(Some(start)));
@@ -181,11 +182,13 @@ fn the_process_wide_service_is_configured_once_and_serves_the_free_functions() {
         let start = std::time::Instant::now();
         sleep(2 * MS).await;
         assert!(start.elapsed() >= 2 * MS);
-        sleep_until(std::time::Instant::now() + MS).await;
+        sleep_until((std::time::Instant::now() + MS).into()).await;
         assert!(timeout(MS, pending::<()>()).await.is_err());
-        assert!(timeout_at(std::time::Instant::now() + MS, pending::<()>())
-            .await
-            .is_err());
+        assert!(
+            timeout_at((std::time::Instant::now() + MS).into(), pending::<()>())
+                .await
+                .is_err()
+        );
         assert_eq!(timeout(Duration::from_secs(5), async { 3 }).await, Ok(3));
         let mut ticks = interval(MS);
         let first = ticks.tick().await;
@@ -241,7 +244,7 @@ fn tokio_style_code_compiles_against_the_namespace_with_an_import_change() {
     conn.idle.as_mut().reset(opened + Duration::from_secs(60));
     conn.idle
         .as_mut()
-        .reset(clock.now() + Duration::from_secs(60));
+        .reset((clock.now() + Duration::from_secs(60)).into());
     assert_eq!(
         conn.heartbeat.missed_tick_behavior(),
         MissedTickBehavior::Burst,
@@ -270,7 +273,7 @@ fn tokio_style_code_compiles_against_the_namespace_with_an_import_change() {
     clock.advance(Duration::from_secs(4));
     assert_eq!(conn.opened.elapsed(), Duration::from_secs(4));
     let mut ticks = pin!(conn.heartbeat.tick());
-    assert_eq!(poll_once(ticks.as_mut()), Poll::Ready(opened.into_std()));
+    assert_eq!(poll_once(ticks.as_mut()), Poll::Ready(opened));
     let mut late = pin!(time::timeout(MS, pending::<()>()));
     assert!(poll_once(late.as_mut()).is_pending());
     clock.advance(MS);

@@ -4,9 +4,11 @@
 //! (`sharded_timer::time::pause`, which pauses tokio's as well) before the body runs.
 //! Use them through `sharded_timer` (feature `tokio`), not this crate.
 //!
-//! The expansion names the user's `::tokio` (or the `crate = "path"` given), as
-//! tokio's own attributes do: the user's crate depends on tokio with the runtime
-//! flavour it asks for.
+//! The expansion names tokio through `sharded_timer`'s hidden re-export
+//! (`::sharded_timer::__private::tokio`), so a user's only dependency is
+//! `sharded-timer` with feature `tokio` (which turns on tokio's `rt`,
+//! `rt-multi-thread`, `time` and `test-util`); `crate = "path"` names another tokio,
+//! as tokio's own attributes allow.
 
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
@@ -84,7 +86,7 @@ fn parse_args(args: TokenStream2) -> syn::Result<Args> {
         flavor: None,
         worker_threads: None,
         start_paused: false,
-        tokio: syn::parse_quote!(::tokio),
+        tokio: syn::parse_quote!(::sharded_timer::__private::tokio),
     };
     for meta in metas {
         let Meta::NameValue(meta) = meta else {

@@ -83,9 +83,19 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock frozen at `Instant::now()`.
     pub fn new() -> ManualClock {
+        ManualClock::on_grid(0)
+    }
+
+    /// A clock frozen at `Instant::now()` whose services fire on a grid of `grid_ns`
+    /// nanoseconds from its start (0: none), as tokio's paused clock fires on its
+    /// 1 ms ticks: a deadline is due once the clock reaches the grid point at or after
+    /// it, and "now" for that rounds down to a grid point. Paused time that follows
+    /// tokio's (`time/paused.rs`) uses it; a user's `ManualClock` has no grid.
+    pub(crate) fn on_grid(grid_ns: u64) -> ManualClock {
         ManualClock {
             time: Arc::new(ManualTime {
                 start: Instant::now(),
+                grid_ns,
                 progress: Mutex::new(Progress::default()),
                 settled: Condvar::new(),
             }),
@@ -151,8 +161,9 @@ impl ManualClock {
         let due = progress.shards.iter().filter_map(|shard| shard.due).min()?;
         let now = progress.now;
         drop(progress);
-        // Overdue work (a wheel left mid-burst) is due now.
-        let due = Nanos::new(due).max(now);
+        // A tick of a gridded clock's services is a grid step; of any other, a
+        // nanosecond. Overdue work (a wheel left mid-burst) is due now.
+        let due = Nanos::new(due.saturating_mul(self.time.grid_ns.max(1))).max(now);
         Some(self.time.instant_at(due))
     }
 }
@@ -177,6 +188,9 @@ impl fmt::Debug for ManualClock {
 pub(crate) struct ManualTime {
     /// Time zero of the clock, and tick 0 of the services it drives.
     start: Instant,
+    /// The grid its services fire on, in nanoseconds from `start`; 0 for none (every
+    /// deadline due at its own nanosecond). See [`ManualClock::on_grid`].
+    grid_ns: u64,
     /// Everything that moves.
     progress: Mutex<Progress>,
     /// Notified when a shard reports a round, leaves, or a pool batch finishes.
@@ -268,6 +282,26 @@ impl ManualTime {
     /// The instant of tick 0 of the services this clock drives.
     pub(crate) fn start(&self) -> Instant {
         self.start
+    }
+
+    /// The grid its services fire on, in nanoseconds; `None` for none.
+    pub(crate) fn grid_ns(&self) -> Option<u64> {
+        (self.grid_ns > 0).then_some(self.grid_ns)
+    }
+
+    /// Whether `deadline` is due now: at or before now, or, on a grid, at or before
+    /// the last grid point at or before now.
+    fn is_past(&self, deadline: Instant) -> bool {
+        let now = self.lock().now;
+        match self.grid_ns() {
+            None => deadline <= self.instant_at(now),
+            Some(grid_ns) => {
+                let ticks = super::Ticks::new(grid_ns);
+                let due = ticks.due_tick(super::ns_since(self.start, deadline));
+                // Every deadline is due at the far future, on or off the grid.
+                now == Nanos::FAR_FUTURE || due.get() <= now.after_zero() / grid_ns
+            }
+        }
     }
 
     /// The current instant.
@@ -520,7 +554,7 @@ impl TimeSource {
     pub(crate) fn is_past(&self, deadline: Instant) -> bool {
         match self {
             TimeSource::System => super::coarse::is_past(deadline),
-            TimeSource::Manual(time) => deadline <= time.now(),
+            TimeSource::Manual(time) => time.is_past(deadline),
         }
     }
 }

@@ -21,6 +21,9 @@ pub trait RunSink: Send + Sync + std::fmt::Debug {
     fn refile_run(&self, entry: EntryRef, next: Tick);
     /// Counts a repeating timer cancelled while out of the wheel for a run.
     fn count_run_cancelled(&self);
+    /// Counts a run that was handed over but never started (a cancel won before it
+    /// began, or it was given up unrun): not a fire (`Stats::fired`).
+    fn count_run_unstarted(&self);
     /// Frees the room a cancelled repeating timer held under `max_pending` (if the
     /// service has that bound).
     fn release_room(&self);
@@ -83,6 +86,7 @@ impl RunTask {
         let RunTask { running, home, .. } = self;
         // Counted first: the cancel is final, and the callback (user code) is dropped
         // last, after the service's bookkeeping.
+        home.count_run_unstarted();
         home.count_run_cancelled();
         if let Some(entry) = running.finish() {
             unreachable!("run invariant: a run that lost its start was cancelled ({entry:?})");
@@ -135,6 +139,7 @@ impl RunTask {
         if running.try_cancel() {
             home.release_room();
         }
+        home.count_run_unstarted();
         home.count_run_cancelled();
         if let Some(entry) = running.finish() {
             unreachable!("run invariant: a cancelled run hands no entry back ({entry:?})");

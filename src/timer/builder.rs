@@ -246,7 +246,11 @@ impl Builder {
         let manual = self.clock.as_ref().map(|clock| clock.time().clone());
         let (clock, time) = match &manual {
             Some(manual) => (
-                Clock::manual(manual.start(), self.tick),
+                match manual.grid_ns() {
+                    // Paused time that follows tokio's: tokio's grid (`time/paused.rs`).
+                    Some(grid_ns) => Clock::on_grid(manual.start(), grid_ns, self.tick),
+                    None => Clock::manual(manual.start(), self.tick),
+                },
                 TimeSource::Manual(manual.clone()),
             ),
             None => (

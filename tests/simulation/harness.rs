@@ -967,7 +967,7 @@ impl Sim {
                 (self.service().sleep(d), self.model.after(d))
             }
         };
-        let reported = sleep.deadline();
+        let reported = sleep.deadline().into_std();
         check!(
             reported == self.model.effective(requested),
             "Sleep::deadline {} is not the {} asked for (saturated at the far future)",
@@ -1152,7 +1152,7 @@ impl Sim {
         let Some(Fut::Sleep(sleep)) = &mut future.fut else {
             return Ok(());
         };
-        sleep.as_mut().reset(instant);
+        sleep.as_mut().reset(instant.into());
         if !future.armed {
             // Armed by its first poll, for the new deadline.
             future.requested = instant;

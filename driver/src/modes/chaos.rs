@@ -1180,7 +1180,7 @@ async fn future_op(timer: ShardedTimer, shared: Arc<Shared>, seed: u64) {
             let mut sleep = timer.sleep(Duration::from_micros(rng.range(0..=20_000)));
             let _ = poll_once(&mut sleep).await;
             let at = Instant::now() + Duration::from_micros(rng.range(0..=20_000));
-            Pin::new(&mut sleep).reset(at);
+            Pin::new(&mut sleep).reset(at.into());
             if sleep.deadline() != at {
                 violation(format!(
                     "Sleep::reset({at:?}) but deadline() = {:?}",
@@ -1213,7 +1213,7 @@ async fn future_op(timer: ShardedTimer, shared: Arc<Shared>, seed: u64) {
                         "interval ticks not increasing: {last:?} then {due:?}"
                     ));
                 }
-                last = Some(due);
+                last = Some(due.into_std());
             }
         }
         _ => {

@@ -173,7 +173,7 @@ impl Idle {
     /// Moves the deadline to `deadline`.
     fn reset(&mut self, deadline: Instant) {
         match &mut self.sleep {
-            IdleSleep::Ours(sleep) => Pin::new(sleep).reset(deadline),
+            IdleSleep::Ours(sleep) => Pin::new(sleep).reset(deadline.into()),
             IdleSleep::Tokio(sleep) => sleep.as_mut().reset(deadline.into()),
         }
     }
@@ -181,7 +181,7 @@ impl Idle {
     /// The deadline asked for.
     fn deadline(&self) -> Instant {
         match &self.sleep {
-            IdleSleep::Ours(sleep) => sleep.deadline(),
+            IdleSleep::Ours(sleep) => sleep.deadline().into_std(),
             IdleSleep::Tokio(sleep) => sleep.deadline().into_std(),
         }
     }
