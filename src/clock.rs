@@ -27,7 +27,11 @@ mod units;
 
 #[cfg(not(loom))]
 pub(crate) use armed::{catch_up_before_arming, note_armed, set_armed_hook, ArmedListener};
+// The `time` namespace (absent from the loom build) re-exports it.
+#[cfg(not(loom))]
 pub use instant::Instant as TimeInstant;
+#[cfg(loom)]
+pub(crate) use instant::Instant as TimeInstant;
 pub use manual::ManualClock;
 pub(crate) use manual::{BatchMark, ManualTime, TimeSource, TurnSlot};
 pub use units::{Nanos, Tick};

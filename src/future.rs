@@ -103,6 +103,15 @@ enum Armed {
 enum Done {
     /// Not armed yet: armed by its first poll.
     Unarmed,
+    /// Not armed yet, made by the [`time`](crate::time) namespace on the system clock:
+    /// armed by its first poll, which, if the deadline passed less than a tick (1 ms)
+    /// before, yields once ([`Yielded`](Done::Yielded)), as tokio's does (tokio rounds
+    /// the deadline up to its next 1 ms tick, which its driver has not turned yet, so
+    /// `sleep(Duration::ZERO).await` lets the tasks already woken run first).
+    UnarmedYielding,
+    /// Yielded at its first poll (its task woken): completes at the next poll, not
+    /// elapsed before it.
+    Yielded,
     /// The deadline had passed when the sleep was armed: elapsed.
     Elapsed,
     /// The service refused the timer: completed, not elapsed.
@@ -116,7 +125,7 @@ impl Armed {
     /// `None` if not armed yet.
     fn get(&self) -> Option<&Armed> {
         match self {
-            Armed::Done(Done::Unarmed) => None,
+            Armed::Done(Done::Unarmed | Done::UnarmedYielding) => None,
             armed => Some(armed),
         }
     }
@@ -184,7 +193,7 @@ impl Armed {
             Armed::Timer(_) => self.shared().map_or(ABANDONED, SleepShared::outcome),
             Armed::Done(Done::Elapsed) => ELAPSED,
             Armed::Done(Done::Refused(_)) => ABANDONED,
-            Armed::Done(Done::Unarmed) => WAITING,
+            Armed::Done(Done::Unarmed | Done::UnarmedYielding | Done::Yielded) => WAITING,
         }
     }
 
@@ -313,6 +322,24 @@ impl Sleep {
         if self.home.is_manual() {
             crate::clock::catch_up_before_arming();
         }
+    }
+
+    /// Makes a sleep not armed yet (its deadline had passed when it was made, or a
+    /// timeout's) yield once at its first poll if its deadline then passed less than
+    /// a tick before, as tokio's ([`Done::UnarmedYielding`]): the
+    /// [`time`](crate::time) namespace's futures, on the system clock. (Under paused
+    /// time, tokio's complete at once, and so do ours.)
+    pub(crate) fn yielding_as_tokio(mut self) -> Sleep {
+        if self.armed.get().is_none() && !self.home.is_manual() {
+            self.armed = Armed::Done(Done::UnarmedYielding);
+        }
+        self
+    }
+
+    /// Whether the deadline passed less than tokio's tick (1 ms) ago.
+    fn passed_within_a_tick(&self) -> bool {
+        self.home.now().saturating_duration_since(self.deadline)
+            < std::time::Duration::from_millis(1)
     }
 
     /// Whether `deadline` is due on the service's clock: at or before now (on a
@@ -453,6 +480,19 @@ impl Future for Sleep {
         }
         let armed = match this.armed {
             Armed::Done(Done::Unarmed) => this.arm(),
+            Armed::Done(Done::UnarmedYielding) => {
+                let elapsed = matches!(this.arm(), Armed::Done(Done::Elapsed));
+                if elapsed && this.passed_within_a_tick() {
+                    this.armed = Armed::Done(Done::Yielded);
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                &this.armed
+            }
+            Armed::Done(Done::Yielded) => {
+                this.armed = Armed::Done(Done::Elapsed);
+                return Poll::Ready(());
+            }
             ref armed => armed,
         };
         armed.poll(cx)
@@ -545,6 +585,14 @@ impl<F> Timeout<F> {
     /// Wraps `future` with `sleep` as its deadline.
     pub(crate) fn new(future: F, sleep: Sleep) -> Self {
         Timeout { future, sleep }
+    }
+
+    /// As [`Sleep::yielding_as_tokio`], for the `time` namespace's timeouts.
+    pub(crate) fn yielding_as_tokio(self) -> Self {
+        Timeout {
+            future: self.future,
+            sleep: self.sleep.yielding_as_tokio(),
+        }
     }
 
     /// The deadline: for `timeout_at`, the instant asked for. For `timeout(d, f)` on

@@ -383,3 +383,37 @@ fn a_sleep_beyond_tokio_s_wheel_completes_under_auto_advance() {
         assert_eq!(answers, (true, true));
     }
 }
+
+/// On the system clock, `sleep(Duration::ZERO).await` yields once, as tokio's: a task
+/// spawned before it runs during it (tryhard's `retry_hook_succeed` counted 0 of 10
+/// hooks). A deadline further in the past completes at the first poll on both.
+#[test]
+fn on_the_system_clock_a_zero_sleep_yields_once_as_tokio_s() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (tokio_answer, ours) = on_both!(runtime, |t| {
+        let ran = Arc::new(AtomicBool::new(false));
+        let task_ran = ran.clone();
+        drop(tokio::spawn(async move {
+            task_ran.store(true, Ordering::SeqCst)
+        }));
+        t::sleep(Duration::ZERO).await;
+        let ran_during_the_sleep = ran.load(Ordering::SeqCst);
+        let zero_timeout_pending_first = !poll_once(pin!(t::timeout(
+            Duration::ZERO,
+            std::future::pending::<()>()
+        )))
+        .await;
+        let long_past_ready_first = poll_once(pin!(t::sleep_until(
+            t::Instant::now() - Duration::from_millis(50)
+        )))
+        .await;
+        (
+            ran_during_the_sleep,
+            zero_timeout_pending_first,
+            long_past_ready_first,
+        )
+    });
+    assert_eq!(tokio_answer, (true, true, true));
+    assert_eq!(ours, tokio_answer);
+}

@@ -312,13 +312,18 @@ impl Instant {
 // ---------------------------------------------------------------------------------
 // The free functions.
 
-/// [`ShardedTimer::sleep`] on the current service: tokio's `time::sleep`.
+/// [`ShardedTimer::sleep`] on the current service: tokio's `time::sleep`. As tokio's
+/// on the system clock, a sleep whose deadline passed less than 1 ms before its first
+/// poll (`sleep(Duration::ZERO)`) yields once there, waking its task, and completes at
+/// the next poll (tasks already woken run first); one further in the past completes
+/// at its first poll. The same holds for [`sleep_until`], [`timeout`] and
+/// [`timeout_at`]. ([`ShardedTimer::sleep`] itself completes at once.)
 ///
 /// # Panics
 ///
 /// As [`global`], if it is the first use of the process-wide service.
 pub fn sleep(duration: Duration) -> Sleep {
-    with_current(|timer| timer.sleep(duration))
+    with_current(|timer| timer.sleep(duration)).yielding_as_tokio()
 }
 
 /// [`ShardedTimer::sleep_until`] on the current service: tokio's `time::sleep_until`,
@@ -329,7 +334,7 @@ pub fn sleep(duration: Duration) -> Sleep {
 ///
 /// As [`global`], if it is the first use of the process-wide service.
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    with_current(|timer| timer.sleep_until(deadline))
+    with_current(|timer| timer.sleep_until(deadline)).yielding_as_tokio()
 }
 
 /// [`ShardedTimer::timeout`] on the current service: tokio's `time::timeout`.
@@ -338,7 +343,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 ///
 /// As [`global`], if it is the first use of the process-wide service.
 pub fn timeout<F: IntoFuture>(duration: Duration, future: F) -> Timeout<F::IntoFuture> {
-    with_current(|timer| timer.timeout(duration, future))
+    with_current(|timer| timer.timeout(duration, future)).yielding_as_tokio()
 }
 
 /// [`ShardedTimer::timeout_at`] on the current service: tokio's `time::timeout_at`.
@@ -347,7 +352,7 @@ pub fn timeout<F: IntoFuture>(duration: Duration, future: F) -> Timeout<F::IntoF
 ///
 /// As [`global`], if it is the first use of the process-wide service.
 pub fn timeout_at<F: IntoFuture>(deadline: Instant, future: F) -> Timeout<F::IntoFuture> {
-    with_current(|timer| timer.timeout_at(deadline, future))
+    with_current(|timer| timer.timeout_at(deadline, future)).yielding_as_tokio()
 }
 
 /// [`ShardedTimer::interval`] on the current service: tokio's `time::interval`
