@@ -363,24 +363,37 @@ fn tokio_s_signatures_compile_unchanged() {
 /// busy loop: tokio's own `exactly_max`, found by the conformance step).
 #[test]
 fn a_sleep_beyond_tokio_s_wheel_completes_under_auto_advance() {
-    for delay in [
+    // Each delay after a first sleep of 0 to 1.5 ms, on a clock paused off the grid
+    // and on one built paused: where auto-advance lands decides whether our clock
+    // stops inside the far future's grid step (ours spun there, sleeping on tokio until
+    // an instant already past, in about 1 run of 2 of tokio's own suite).
+    let delays = [
         Duration::MAX,
         Duration::MAX - MS,
         Duration::from_secs(5 * 365 * 86_400),
-    ] {
-        let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let (tokio_answer, ours) = on_both!(runtime, |t| {
-                t::pause();
-                t::sleep(delay).await;
-                true
+    ];
+    for delay in delays {
+        for first_us in [0, 250, 1500] {
+            let (done, finished) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let off_grid = on_both!(runtime, |t| {
+                    t::pause();
+                    t::sleep(Duration::from_micros(first_us)).await;
+                    t::sleep(delay).await;
+                    true
+                });
+                let built_paused = on_both!(paused_runtime, |t| {
+                    t::sleep(Duration::from_micros(first_us)).await;
+                    t::sleep(delay).await;
+                    true
+                });
+                done.send((off_grid, built_paused))
             });
-            done.send((tokio_answer, ours))
-        });
-        let answers = finished
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("sleep({delay:?}) completed within 30 s"));
-        assert_eq!(answers, (true, true));
+            let answers = finished
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("sleep({delay:?}) completed within 30 s"));
+            assert_eq!(answers, ((true, true), (true, true)));
+        }
     }
 }
 

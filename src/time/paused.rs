@@ -570,10 +570,16 @@ async fn mirror(shared: Arc<PauseShared>) {
         // On tokio's grid, our earliest work is due at a grid point; tokio rounds the
         // mirror's sleep up to its own tick, so the mirror sleeps until the first
         // instant of that grid step, which tokio rounds up to the same tick.
+        // Never at or before our now, though: a sleep tokio fires at once would make
+        // this loop spin without tokio's clock moving (our far future, saturated, lies
+        // off the grid, short of its step's end).
         let step = shared.clock.time().grid_ns().unwrap_or(1);
+        let now = shared.clock.now();
         let next = shared.clock.next_deadline().map(|due| {
-            due.checked_sub(Duration::from_nanos(step - 1))
-                .unwrap_or(due)
+            let first = due
+                .checked_sub(Duration::from_nanos(step - 1))
+                .unwrap_or(due);
+            first.max(now + Duration::from_nanos(1))
         });
         let mut sleep = {
             let mut state = shared.lock();
