@@ -382,6 +382,9 @@ impl Sleep {
     /// already passed when it was made or reset (as tokio's: its first poll completes
     /// it), and for a sleep that completed because its service shut down.
     pub fn is_elapsed(&self) -> bool {
+        // On a paused thread, tokio's clock may have moved (its `advance`, another
+        // task's sleep): as a poll would, catch up first.
+        self.catch_up();
         self.armed
             .get()
             .as_ref()

@@ -154,6 +154,14 @@ impl Interval {
         }
     }
 
+    /// The `time` namespace's interval: `period` as asked (non-zero), not raised to
+    /// the service's tick, as tokio's keeps a period shorter than its 1 ms tick (its
+    /// ticks are due 300 µs apart, and complete together, a burst, on each 1 ms tick).
+    pub(crate) fn with_exact_period(mut self, period: Duration) -> Interval {
+        self.period = period;
+        self
+    }
+
     /// Completes at or after the next grid point and yields the instant it was due, a
     /// [`time::Instant`](crate::time::Instant) (as tokio's; `.into_std()` gives the
     /// `std::time::Instant`). Cancel-safe: dropping the future before it completes

@@ -83,18 +83,18 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock frozen at `Instant::now()`.
     pub fn new() -> ManualClock {
-        ManualClock::on_grid(0)
+        ManualClock::on_grid(Instant::now(), 0)
     }
 
-    /// A clock frozen at `Instant::now()` whose services fire on a grid of `grid_ns`
+    /// A clock frozen at `start` whose services fire on a grid of `grid_ns`
     /// nanoseconds from its start (0: none), as tokio's paused clock fires on its
     /// 1 ms ticks: a deadline is due once the clock reaches the grid point at or after
     /// it, and "now" for that rounds down to a grid point. Paused time that follows
     /// tokio's (`time/paused.rs`) uses it; a user's `ManualClock` has no grid.
-    pub(crate) fn on_grid(grid_ns: u64) -> ManualClock {
+    pub(crate) fn on_grid(start: Instant, grid_ns: u64) -> ManualClock {
         ManualClock {
             time: Arc::new(ManualTime {
-                start: Instant::now(),
+                start,
                 grid_ns,
                 progress: Mutex::new(Progress::default()),
                 settled: Condvar::new(),

@@ -366,7 +366,7 @@ pub fn timeout_at<F: IntoFuture>(deadline: Instant, future: F) -> Timeout<F::Int
 #[track_caller]
 pub fn interval(period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "`period` must be non-zero.");
-    with_current(|timer| timer.interval(period))
+    with_current(|timer| timer.interval(period)).with_exact_period(period)
 }
 
 /// [`ShardedTimer::interval_at`] on the current service: tokio's
@@ -378,5 +378,5 @@ pub fn interval(period: Duration) -> Interval {
 #[track_caller]
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
     assert!(period > Duration::ZERO, "`period` must be non-zero.");
-    with_current(|timer| timer.interval_at(start, period))
+    with_current(|timer| timer.interval_at(start, period)).with_exact_period(period)
 }

@@ -77,10 +77,9 @@ const TOKIO_TICK_NS: u64 = 1_000_000;
 std::thread_local! {
     /// This thread's pauses (ground rule 1), oldest first.
     static PAUSES: RefCell<Vec<Paused>> = const { RefCell::new(Vec::new()) };
-    /// The last runtime this thread looked at for a paused tokio clock and found
-    /// running (so that a runtime that is not paused is looked at once, not at every
-    /// read of the time).
-    static NOT_PAUSED: Cell<Option<RuntimeId>> = const { Cell::new(None) };
+    /// The last runtime this thread read the time in while its tokio clock ran: if
+    /// that clock is found paused later, tokio's own `pause()` paused it off its grid.
+    static SEEN_RUNNING: Cell<Option<RuntimeId>> = const { Cell::new(None) };
 }
 
 /// One pause: its service and what its mirror shares.
@@ -288,12 +287,37 @@ pub(super) fn current() -> Option<Paused> {
     }
     // A runtime whose tokio clock is paused, with no pause of ours yet
     // (`#[tokio::test(start_paused = true)]`): follow it.
+    // Looked at on every read, not once per runtime: tokio's own `pause()` may come
+    // later (a partly switched code base), and three clock reads are cheap beside a
+    // timer (feature `tokio` only).
     let runtime = runtime?;
-    if NOT_PAUSED.with(Cell::get) == Some(runtime) || !tokio_clock_is_paused() {
-        NOT_PAUSED.with(|checked| checked.set(Some(runtime)));
+    if !tokio_clock_is_paused() {
+        SEEN_RUNNING.with(|seen| seen.set(Some(runtime)));
         return None;
     }
-    Some(begin(Some(runtime), true))
+    // Paused since this thread saw it run (tokio's own `pause()`): off its grid.
+    let off_grid = SEEN_RUNNING.with(|seen| seen.get() == Some(runtime));
+    Some(begin(
+        Some(runtime),
+        if off_grid {
+            Start::PausedOffGrid
+        } else {
+            Start::Paused
+        },
+    ))
+}
+
+/// How tokio's clock stands when a pause begins in a runtime (ground rule 2).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Start {
+    /// Running: we pause it, off its grid.
+    Running,
+    /// Paused already, on its grid as far as we know (built paused, or paused before
+    /// this thread read the time in it).
+    Paused,
+    /// Paused already, by tokio's own `pause()` after this thread saw it run: off
+    /// its grid.
+    PausedOffGrid,
 }
 
 /// Whether the current runtime's tokio clock is paused: two reads of it, the system
@@ -314,17 +338,34 @@ fn tokio_clock_is_paused() -> bool {
 }
 
 /// Begins a pause in `runtime` (or outside any): a service of its own on a clock of
-/// its own, following tokio's paused clock inside a runtime (`tokio_paused`: it is
-/// paused already; otherwise this pauses it), frozen outside one.
+/// its own, following tokio's paused clock inside a runtime (which `start` says how
+/// it stands; this pauses it if it runs), frozen outside one.
 #[track_caller]
-fn begin(runtime: Option<RuntimeId>, tokio_paused: bool) -> Paused {
+fn begin(runtime: Option<RuntimeId>, start: Start) -> Paused {
     let follows = cfg!(feature = "tokio") && runtime.is_some();
-    // Tokio's grid while following it (ground rule 2); none outside a runtime, where
-    // `advance` fires every deadline it reaches to the nanosecond.
-    let clock = ManualClock::on_grid(if follows { TOKIO_TICK_NS } else { 0 });
-    if follows && !tokio_paused {
-        clock.advance(Duration::from_nanos(1));
-    }
+    // Inside a runtime, ours starts where tokio's paused clock stands, so that the
+    // instants of the two agree (ground rule 2), on tokio's grid; outside one, at
+    // the system clock's now, with no grid (`advance` fires every deadline it
+    // reaches to the nanosecond).
+    #[cfg(feature = "tokio")]
+    let at = if follows {
+        if start == Start::Running {
+            // Panics, as ours should, on a runtime that is not current-thread.
+            tokio::time::pause();
+        }
+        tokio::time::Instant::now().into_std()
+    } else {
+        std::time::Instant::now()
+    };
+    #[cfg(not(feature = "tokio"))]
+    let at = std::time::Instant::now();
+    // A clock paused while it ran lies past its grid: 1 ns, by assumption (ground
+    // rule 2); our grid starts there, and our clock 1 ns on, where tokio's stands.
+    let off_grid = follows && start != Start::Paused;
+    let past_the_grid = Duration::from_nanos(u64::from(off_grid));
+    let grid_start = at.checked_sub(past_the_grid).unwrap_or(at);
+    let clock = ManualClock::on_grid(grid_start, if follows { TOKIO_TICK_NS } else { 0 });
+    clock.advance(at.saturating_duration_since(grid_start));
     let timer = match ShardedTimer::builder()
         .clock(clock.clone())
         .shards(1)
@@ -350,10 +391,8 @@ fn begin(runtime: Option<RuntimeId>, tokio_paused: bool) -> Paused {
     });
     #[cfg(feature = "tokio")]
     if follows {
-        follow_tokio(&shared, tokio_paused);
+        follow_tokio(&shared);
     }
-    #[cfg(not(feature = "tokio"))]
-    let _ = tokio_paused;
     let paused = Paused { timer, shared };
     let first = PAUSES.with(|pauses| {
         let mut pauses = pauses.borrow_mut();
@@ -400,7 +439,7 @@ pub fn pause() {
     let runtime = current_runtime();
     let own = current().filter(|paused| paused.shared.runtime == runtime);
     let Some(paused) = own else {
-        begin(runtime, false);
+        begin(runtime, Start::Running);
         return;
     };
     let shared = paused.shared;
@@ -419,16 +458,11 @@ pub fn pause() {
     state.pace = Pace::Frozen;
 }
 
-/// Inside a tokio runtime with timers enabled: pauses tokio's clock (unless
-/// `tokio_paused`), makes ours follow it, and spawns the mirror and the guard that
-/// ends the pause with the runtime.
+/// Inside a tokio runtime with timers enabled, its clock paused: makes ours follow
+/// it, and spawns the mirror and the guard that ends the pause with the runtime.
 #[cfg(feature = "tokio")]
 #[track_caller]
-fn follow_tokio(shared: &Arc<PauseShared>, tokio_paused: bool) {
-    if !tokio_paused {
-        // Panics, as ours should, on a runtime that is not current-thread.
-        tokio::time::pause();
-    }
+fn follow_tokio(shared: &Arc<PauseShared>) {
     // A runtime without timers (no `enable_time`) cannot host the mirror, and a
     // paused test on it would hang at its first sleep: say so at once instead.
     let timers = std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok();
@@ -503,13 +537,14 @@ fn start_pacer(shared: &Arc<PauseShared>) {
     }
 }
 
-/// Moves this thread's paused time forward by `duration`, fires what that made due,
-/// and yields, so that the tasks it woke run before this returns (tokio's
-/// `time::advance`). Inside a tokio runtime, tokio's clock moves by as much, and ours
-/// with it: a timer fires once the clock reaches the 1 ms tick at or after its
-/// deadline, as tokio's (a 1.5 ms sleep completes when `advance` reaches 2 ms).
-/// Outside every runtime a timer fires once the clock reaches its deadline, to the
-/// nanosecond.
+/// Moves this thread's paused time forward by `duration` and fires what that made due
+/// (tokio's `time::advance`). Inside a tokio runtime, tokio's clock moves by as much,
+/// and ours with it, as tokio's does: it yields once, and returns with the tasks its
+/// timers woke scheduled to run after the caller's task (not yet run); a timer fires
+/// once the clock reaches the 1 ms tick at or after its deadline (a 1.5 ms sleep
+/// completes when `advance` reaches 2 ms). Outside every runtime it fires each timer
+/// once the clock reaches its deadline, to the nanosecond, and yields once, so that
+/// the tasks it woke run before it returns.
 ///
 /// # Panics
 ///
@@ -518,9 +553,12 @@ pub async fn advance(duration: Duration) {
     let shared = frozen();
     #[cfg(feature = "tokio")]
     if matches!(shared.lock().pace, Pace::Tokio { .. }) && current_runtime() == shared.runtime {
+        // Tokio's `advance` yields once, after its driver fired what came due; ours
+        // fire at the sync, and wake their tasks to run after this one, as tokio's
+        // do: no second yield (tasks woken by our timers ran before `advance`
+        // returned, where tokio's had not).
         tokio::time::advance(duration).await;
         shared.sync();
-        YieldNow(false).await;
         return;
     }
     shared.clock.advance(duration);
@@ -618,6 +656,6 @@ async fn mirror(shared: Arc<PauseShared>) {
 #[doc(hidden)]
 pub fn __pause_if(start_paused: bool) {
     if start_paused && current().is_none() {
-        begin(current_runtime(), true);
+        begin(current_runtime(), Start::Paused);
     }
 }
