@@ -50,19 +50,20 @@
 //! # Paused time
 //!
 //! [`pause`] gives the calling thread a service of its own on a fresh
-//! [`ManualClock`] (one shard, callbacks inline, no pool): every test thread of a
-//! binary pauses its own clock, so tests running in parallel never share one. Inside
-//! a tokio runtime (feature `tokio`) it also pauses tokio's clock, and from then on,
-//! inside that runtime, ours **is** tokio's paused clock:
+//! [`ManualClock`](crate::ManualClock) (one shard, callbacks inline, no pool): every
+//! test thread of a binary pauses its own clock, so tests running in parallel never
+//! share one. Inside a tokio runtime (feature `tokio`) it also pauses tokio's clock,
+//! and from then on, inside that runtime, ours **is** tokio's paused clock:
 //!
 //! - every read of ours (a poll of a [`Sleep`], [`Interval`] or [`Timeout`],
 //!   [`Instant::now`], arming a timer, a reset) first catches up with tokio's;
 //! - every change of the earliest deadline (arming, a [`Sleep::reset`] earlier in
 //!   place, an interval re-armed) reaches what drives auto-advance: a task of the
 //!   crate (the *mirror*) sleeps on tokio's clock until our earliest timer
-//!   ([`ManualClock::next_deadline`]) and moves ours to tokio's when it wakes, so
-//!   tokio **auto-advances** to our timers as to its own (when the runtime has no
-//!   task to run, no `spawn_blocking` task is running, and no wake-up came in);
+//!   ([`ManualClock::next_deadline`](crate::ManualClock::next_deadline)) and moves
+//!   ours to tokio's when it wakes, so tokio **auto-advances** to our timers as to
+//!   its own (when the runtime has no task to run, no `spawn_blocking` task is
+//!   running, and no wake-up came in);
 //! - deadlines fall on tokio's 1 ms grid, as tokio's own timers do: a timer fires
 //!   once the clock reaches the 1 ms tick at or after its deadline. (Tokio does not
 //!   say where its grid lies; a runtime built paused starts on it, and a clock we
@@ -70,9 +71,14 @@
 //!   tick, so deadlines a whole number of milliseconds from where it stood fire a
 //!   tick later, as tokio's do.)
 //!
-//! A runtime whose clock is already paused when it first reads our time (built with
+//! With feature `tokio`, each call of this module inside a runtime looks up the
+//! runtime and reads tokio's clock twice (to see whether it is paused): a cost beside a
+//! timer's, and none without the feature.
+//!
+//! A runtime whose tokio clock is paused without our [`pause`] (built with
 //! `start_paused` by `#[tokio::test(start_paused = true)]`, `#[tokio::main(..)]` or
-//! `#[sharded_timer::test(..)]`) is followed the same way, with no call to [`pause`].
+//! `#[sharded_timer::test(..)]`, or paused by tokio's own `pause()`) is followed the
+//! same way from the first read of our time there.
 //!
 //! Paused time belongs to the runtime it began in, as tokio's paused clock does:
 //! another runtime on the same thread runs on real time (or its own paused clock);
