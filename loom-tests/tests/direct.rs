@@ -23,6 +23,15 @@
 //! exactly one of cancel and expiry wins; the callback runs iff the cancel lost; the
 //! core awaits no message at the end; nothing leaks (loom tracks the entry).
 //!
+//! Model 3: waiters first (custody.rs): a producer schedules two timers back to back
+//! while the owner waits for the token (`with_core`, the `Custody::with` its turns
+//! take). Before each `schedule` the producer looks whether the owner waits; it
+//! counts whether the timer was filed directly (the shard's `scheduled` count grows
+//! only by direct filing: `filed_direct`). The owner counts, inside its
+//! hold, the direct filings before it. Asserts: none of those started after the
+//! producer had seen the owner waiting (so the owner waits for at most the hold in
+//! progress, not for the producer's next filings); both timers come back at shutdown.
+//!
 //! Seeded bugs that make them fail:
 //! - Model 1: `direct::file` reading `next_wake` before taking the token (outside its
 //!   hold) instead of inside it: the read can see the shard awake, the shard's plan
@@ -33,6 +42,9 @@
 //!   `wheel.remove` + claim): the entry the turn claimed is "removed" from a wheel that
 //!   no longer holds it, and its awaited message is never counted off: the model's
 //!   `awaiting() == 0` assertion fails (or the wheel's own invariant panics).
+//! - Model 3: `Custody::try_with_unless_awaited` not looking at `waiters` (a plain
+//!   `try_with`): the producer sees the owner waiting, then files directly ahead of
+//!   it: "a direct filing started after the owner was seen waiting came first".
 //!
 //! Command: as in `ring.rs`, with `--test direct`.
 #![cfg(loom)]
@@ -142,5 +154,58 @@ fn a_direct_cancel_racing_the_expiry_wins_or_loses_once() {
             "no message awaited"
         );
         assert!(shard.with_core(|core| core.shut_down()).is_empty());
+    });
+}
+
+#[test]
+fn a_producer_never_files_ahead_of_an_owner_it_has_seen_waiting() {
+    model(|| {
+        let (shared, core) = shard::new(8);
+        let shard = ModelShard::new(core);
+        let producer = {
+            let shard = shard.clone();
+            let shared = shared.clone();
+            thread::spawn(move || {
+                let mut filings = Vec::new();
+                let mut handles = Vec::new();
+                for k in 0..2 {
+                    let saw_waiter = shard.waiters() > 0;
+                    let before = shared.stats.filed_direct.load(Ordering::SeqCst);
+                    let (handle, service) = EntryRef::new(next_id(), Nanos::new(10 + k), || {});
+                    assert!(shard.schedule(service, Tick::new(10)).is_ok());
+                    let direct = shared.stats.filed_direct.load(Ordering::SeqCst) > before;
+                    trace(format!(
+                        "timer {k}: saw the owner waiting {saw_waiter}, filed directly {direct}"
+                    ));
+                    filings.push((saw_waiter, direct));
+                    handles.push(handle);
+                }
+                drop(handles);
+                filings
+            })
+        };
+        // The owner's hold, as a turn takes it: it counts the direct filings before it.
+        let direct_before_owner =
+            shard.with_core(|_| shared.stats.filed_direct.load(Ordering::SeqCst));
+        trace(format!(
+            "owner: {direct_before_owner} direct filings before its hold"
+        ));
+        let filings = producer.join().unwrap();
+        // The first `direct_before_owner` direct filings came before the owner's hold.
+        for (saw_waiter, _) in filings
+            .iter()
+            .filter(|(_, direct)| *direct)
+            .take(direct_before_owner as usize)
+        {
+            assert!(
+                !saw_waiter,
+                "a direct filing started after the owner was seen waiting came first"
+            );
+        }
+        let back = shard.with_core(|core| {
+            core.drain_inserts();
+            core.shut_down().len()
+        });
+        assert_eq!(back, 2, "both timers come back");
     });
 }

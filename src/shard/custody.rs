@@ -28,6 +28,21 @@
 //!   for it. The shard publishes its wake-up (`next_wake`) inside the hold in which
 //!   it plans its park, and a direct filer reads it inside its own: the token's
 //!   Acquire and Release order the two (`direct.rs`, the park handshake, direct).
+//! - **Waiters first (fairness).** Direct filers and cancellers take the token back to
+//!   back when they file without pause (a firehose of `schedule` from several threads),
+//!   and a thread that must wait for the token (the owner, for the turn that expires
+//!   its due timers) could lose every race to them for as long as the firehose lasts:
+//!   expiry starved, guarantee 2 broken (issue 41). So a thread that waits in
+//!   [`with`](Custody::with) counts itself in `waiters` after its first failed try, and
+//!   counts itself out inside the hold it gets; the direct operations take the token
+//!   through [`try_with_unless_awaited`](Custody::try_with_unless_awaited), which
+//!   refuses (they use the rings, as for a held token) while anybody waits. A filer
+//!   that read no waiter just before one counted itself in may still take the token
+//!   once; its next try sees the waiter (coherence of the one counter), so each filer
+//!   takes the token at most once after a waiter is counted, and the waiter's wait is
+//!   bounded by that many single-entry holds, not by the firehose.
+//!   `loom-tests/tests/direct.rs` (model 3) checks it on the real code, and fails with
+//!   the direct path's check removed.
 //! - **Not re-entrant.** A holder never takes the token again before giving it back;
 //!   the shard loop's thread-local borrow guards its own thread against that (user code
 //!   never runs under the token, and code reached from user code finds the borrow taken).
@@ -41,13 +56,15 @@
     reason = "the token owns the invariant that makes the cell's accesses exclusive"
 )]
 
-use crate::sync::{AtomicBool, Backoff, Ordering, UnsafeCell};
+use crate::sync::{AtomicBool, AtomicU32, Backoff, Ordering, UnsafeCell};
 
 /// A value reached by one thread at a time, through an ownership token (ground rules).
 #[derive(Debug)]
 pub struct Custody<T> {
     /// The token: `true` while a thread holds the value.
     held: AtomicBool,
+    /// How many threads wait in [`with`](Custody::with) (ground rules: waiters first).
+    waiters: AtomicU32,
     /// The value, reached only by the token's holder.
     value: UnsafeCell<T>,
 }
@@ -63,6 +80,7 @@ impl<T> Custody<T> {
     pub fn new(value: T) -> Self {
         Custody {
             held: AtomicBool::new(false),
+            waiters: AtomicU32::new(0),
             value: UnsafeCell::new(value),
         }
     }
@@ -84,21 +102,54 @@ impl<T> Custody<T> {
         Some(self.value.with_mut(|value| f(unsafe { &mut *value })))
     }
 
+    /// As [`try_with`](Self::try_with), but `None` at once also while a thread waits
+    /// for the token in [`with`](Self::with): the direct operations' way in, so that
+    /// they yield to the owner's turn (ground rules: waiters first).
+    pub fn try_with_unless_awaited<R>(&self, f: impl FnOnce(&mut T) -> R) -> Option<R> {
+        // ORDERING: Relaxed: a hint about whom to let go first, not a guard of the value
+        // (the token's CAS in `try_with` is). Coherence of this one counter is what the
+        // bound needs: once this thread has read a waiter's increment, it reads it or a
+        // later value on every try after.
+        if self.waiters.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        self.try_with(f)
+    }
+
     /// As [`try_with`](Self::try_with), waiting (spinning with backoff) while another
-    /// thread holds the token: at most one bounded turn (ground rules).
+    /// thread holds the token: at most one bounded turn, or one single-entry hold per
+    /// direct filer (ground rules: short holds, waiters first).
     ///
     /// # Panics
     ///
     /// Only if `f` panics (the token is given back first).
     pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        let backoff = Backoff::new();
         let mut f = Some(f);
+        if let Some(result) = self.try_with(|value| f.take().expect("called once")(value)) {
+            return result;
+        }
+        // ORDERING: Relaxed: see `try_with_unless_awaited`; the count comes off inside
+        // the hold we get, so it never goes below zero.
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let backoff = Backoff::new();
         loop {
-            if let Some(result) = self.try_with(|value| f.take().expect("called once")(value)) {
+            backoff.snooze();
+            let got = self.try_with(|value| {
+                // ORDERING: Relaxed, as the increment.
+                self.waiters.fetch_sub(1, Ordering::Relaxed);
+                f.take().expect("called once")(value)
+            });
+            if let Some(result) = got {
                 return result;
             }
-            backoff.snooze();
         }
+    }
+
+    /// How many threads wait for the token in [`with`](Self::with) now (a snapshot).
+    #[cfg(any(test, loom))]
+    pub fn waiters(&self) -> u32 {
+        // ORDERING: Relaxed: a snapshot for tests and models.
+        self.waiters.load(Ordering::Relaxed)
     }
 }
 

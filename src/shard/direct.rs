@@ -37,6 +37,11 @@
 //!   spawner, a rescuer's run) never waits for a shard, its own included, and code
 //!   that holds a token and reaches a direct operation (none does: the core runs no
 //!   user code) would fall back to the ring rather than deadlock.
+//! - **Never ahead of a waiter.** A direct operation tries the token only while no
+//!   thread waits for it (`Custody::try_with_unless_awaited`; custody.rs, ground
+//!   rules: waiters first), so a firehose of producers filing back to back cannot
+//!   keep the owner's turn, and the expiry it runs, waiting for longer than one
+//!   single-entry hold per producer.
 //! - **No user code under the token.** References a direct operation gives up (a
 //!   cancelled entry's service reference, the wheel's) are dropped
 //!   after the token is given back, and the callback of a winning cancel is dropped by
@@ -130,7 +135,9 @@ fn file(
     deadline: Tick,
 ) -> Result<(), EntryRef> {
     let mut entry = Some(entry);
-    let filed = custody.try_with(|held| {
+    // Never ahead of a waiter (the owner's turn): the ring instead (custody.rs,
+    // ground rules: waiters first).
+    let filed = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
         let cancelled = core.file_direct(entry.take().expect("filed once"));
         // ORDERING: Relaxed, inside our hold: the shard publishes its wake-up inside
@@ -173,7 +180,8 @@ pub(super) fn take(shard: &ShardShared, kind: Taken, entry: &EntryRef) -> bool {
     let Some(custody) = (unsafe { shard.custody.get() }) else {
         return false;
     };
-    let taken = custody.try_with(|held| {
+    // As a filer, never ahead of a waiter.
+    let taken = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
         let unlinked = match kind {
             Taken::Cancel => core.cancel_direct(entry),
@@ -302,6 +310,51 @@ mod tests {
         let unfired = custody.with(|held| held.core_mut().unwrap().shut_down());
         assert_eq!(unfired.len(), 1, "the ring's timer comes back");
         drop((unfired, second));
+    }
+
+    /// Waiters first (custody.rs): once the owner waits for the token, a producer that
+    /// files next goes through the ring, so the owner's hold comes before any direct
+    /// filing that starts after it counted itself in. Without the rule the producer,
+    /// which has just given the token back and is on a hot cache line, wins the race
+    /// for it nearly every time (each round files 3 timers; the owner then sees them).
+    #[test]
+    fn a_producer_yields_the_token_to_a_waiting_owner() {
+        let (shared, custody, port) = shard(64);
+        let mut handles = Vec::new();
+        for round in 0..100 {
+            let timers: Vec<_> = (0..3).map(|k| timer(1_000 + k)).collect();
+            let before = shared.load().scheduled;
+            let seen_by_owner = std::thread::scope(|scope| {
+                let owner = custody.with(|_| {
+                    let owner = scope.spawn(|| custody.with(|_| shared.load().scheduled));
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    while custody.waiters() == 0 {
+                        assert!(Instant::now() < deadline, "the owner waits within 10 s");
+                        std::thread::yield_now();
+                    }
+                    owner
+                });
+                // The token is free, the owner counted in: these go through the ring
+                // unless the owner has had its hold already.
+                for (handle, service) in timers {
+                    assert!(port.schedule(&shared, service, Tick::new(1_000)).is_ok());
+                    handles.push(handle);
+                }
+                owner.join().unwrap() - before
+            });
+            assert_eq!(
+                seen_by_owner, 0,
+                "round {round}: the owner got the token only after {seen_by_owner} direct filings"
+            );
+        }
+        assert_eq!(custody.waiters(), 0);
+        let unfired = custody.with(|held| {
+            let core = held.core_mut().unwrap();
+            core.drain_inserts();
+            core.shut_down()
+        });
+        assert_eq!(unfired.len(), 300, "nothing lost");
+        drop((unfired, handles));
     }
 
     #[test]

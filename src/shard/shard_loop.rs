@@ -984,6 +984,12 @@ impl ModelShard {
         DirectPort::new(self.link.custody.clone()).schedule(&self.link.shared, entry, deadline)
     }
 
+    /// How many threads wait for this shard's token now (`Custody::waiters`: the owner
+    /// in `with_core` or `turn_and_run`, once its first try failed).
+    pub fn waiters(&self) -> u32 {
+        self.link.custody.waiters()
+    }
+
     /// One turn at tick `now` holding the token, as the shard loop takes it (its
     /// `ShardLink::turn`, inline: what fired goes on the fired queue); then pops and
     /// runs what fired, one per hold. Returns how many ran.
