@@ -81,7 +81,7 @@
 )]
 
 use super::custody::Custody;
-use super::shard_loop::InCustody;
+use super::turn::InCustody;
 use super::ShardShared;
 use crate::clock::Tick;
 use crate::entry::EntryRef;

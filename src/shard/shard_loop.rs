@@ -34,9 +34,6 @@ use crate::entry::EntryRef;
 use crate::limit::PendingLimit;
 use crate::sync::{Arc, Backoff};
 
-/// Where `direct.rs` still finds the custody's contents (moved to `turn.rs`).
-pub(super) use super::turn::InCustody;
-
 /// The shard thread's own state.
 #[derive(Debug)]
 pub(crate) struct ShardThread {
