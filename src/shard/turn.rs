@@ -119,6 +119,8 @@ impl ShardLink {
     /// partial one too) or onto the fired queue (inline, spawn). Lateness is recorded
     /// in the shard's histogram. Returns `(finished, fired_any)`, or `None` if
     /// shutdown took the core.
+    ///
+    /// [`TURN_BUDGET`]: super::core::TURN_BUDGET
     pub(super) fn turn(
         &self,
         held: &mut InCustody,
