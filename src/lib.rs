@@ -106,7 +106,7 @@
 //!
 //! - `entry`: the entry allocation, its reference count, the callback cell (owned by
 //!   the winner of the state CAS, dropped last by a canceller) and the shard-only
-//!   wheel place; `entry/pool.rs`: the per-thread heaps entries live in (a block's
+//!   wheel place; `entry/pool/`: the per-thread heaps entries live in (a block's
 //!   chunk found by masking its address; blocks freed from any thread through the
 //!   chunk's lock-free list, taken back only by the owner);
 //! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
@@ -254,7 +254,7 @@ pub mod __loom {
     pub use crate::entry::{SleepShared, ABANDONED, DISARMED, ELAPSED};
     pub use crate::executor::{Executor, Task};
     pub use crate::home::{Home, Users};
-    /// The entry pool's heap and its cross-thread free (`src/entry/pool.rs`).
+    /// The entry pool's heap and its cross-thread free (`src/entry/pool/`).
     pub mod pool {
         pub use crate::entry::pool::{free, Heap, CHUNK, HEAD};
     }

@@ -7,7 +7,7 @@
 //!
 //! - The core (wheel, store, ring cursors) belongs to whoever holds the shard's
 //!   ownership token (`shard/custody.rs`): its own thread, or, for one bounded turn at
-//!   a time, the shard thread rescuing it (`shard_loop.rs`).
+//!   a time, the shard thread rescuing it (`rescue.rs`).
 //! - **Park handshake.** Before parking, the shard publishes the tick it will sleep
 //!   until in `next_wake`, issues a SeqCst fence, and re-checks both rings' tails. A
 //!   producer reserves its ring slot, issues a SeqCst fence, then reads `next_wake`
@@ -51,7 +51,13 @@ mod core;
 mod custody;
 mod direct;
 mod fired;
+#[cfg(loom)]
+mod model;
+mod own;
+mod park;
+mod rescue;
 mod shard_loop;
+mod turn;
 
 use crate::clock::{Tick, TimeSource};
 use crate::dispatch::RunSink;
@@ -71,9 +77,10 @@ pub use self::custody::Custody;
 pub(crate) use self::direct::DirectPort;
 #[cfg(loom)]
 pub use self::fired::{Claim, FiredQueue};
-pub(crate) use self::shard_loop::{dispatch_rest_here, is_own_thread, take_own_core, ShardThread};
 #[cfg(loom)]
-pub use self::shard_loop::{park_for_model, run_as_shard_thread, ModelShard};
+pub use self::model::{park_for_model, run_as_shard_thread, ModelShard};
+pub(crate) use self::own::{dispatch_rest_here, is_own_thread, take_own_core};
+pub(crate) use self::shard_loop::ShardThread;
 
 /// `next_wake` while the shard is running: no deadline is earlier, so no producer
 /// needs to wake it. (`next_wake` is [`Tick::NEVER`] while the shard sleeps with
@@ -161,7 +168,7 @@ pub struct ShardShared {
     next_wake: CachePadded<AtomicU64>,
     /// The owner's progress (its turns begun, parks and fired tasks popped; `fired.rs`), as
     /// last published: how the shard that watches it tells a stuck shard from a busy
-    /// one (`shard_loop`'s rescue), without a clock read per callback. Written by the
+    /// one (`rescue.rs`), without a clock read per callback. Written by the
     /// shard thread only, holding its token; Relaxed: a stale value only delays or
     /// hastens a rescue attempt, and the attempt re-checks the exact count under the
     /// token.
@@ -416,7 +423,7 @@ impl ShardShared {
 
     /// Hands a new timer due at tick `deadline` to the shard. A full ring never
     /// loses it: the producer wakes the shard and backs off until there is room; a
-    /// shard thread never waits for another shard (`shard_loop::make_room`): it makes
+    /// shard thread never waits for another shard (`own::make_room`): it makes
     /// room itself, or defers the push to its own next turn.
     ///
     /// # Errors
@@ -438,9 +445,9 @@ impl ShardShared {
             Ok(()) => Ok(()),
             Err(Refused::Closed(entry)) => Err(entry),
             Err(Refused::Defer(entry)) => {
-                shard_loop::defer(
+                own::defer(
                     self,
-                    shard_loop::Deferred::Insert {
+                    own::Deferred::Insert {
                         entry,
                         deadline,
                         refile,
@@ -466,7 +473,7 @@ impl ShardShared {
     /// filling; and publishes `value` last (ground rules: the producer's half of the
     /// park handshake, and "publish last"). On a shard thread, a full ring of another
     /// shard (or its own, while its token is held here) is never waited for:
-    /// `shard_loop::make_room` drains it, or the value comes back to be deferred.
+    /// `own::make_room` drains it, or the value comes back to be deferred.
     ///
     /// # Errors
     ///
@@ -517,16 +524,16 @@ impl ShardShared {
                     // to its own next turn. Its own full ring it drains (a slot
                     // reserved by another producer and not yet written still waits
                     // for that producer: hence the back-off).
-                    match shard_loop::make_room(self) {
-                        shard_loop::Room::Made if made_room < 2 => {
+                    match own::make_room(self) {
+                        own::Room::Made if made_room < 2 => {
                             made_room += 1;
                             continue;
                         }
-                        shard_loop::Room::Made | shard_loop::Room::Defer => {
+                        own::Room::Made | own::Room::Defer => {
                             return Err(Refused::Defer(value));
                         }
-                        shard_loop::Room::Wait { drained_own } => {
-                            if drained_own && shard_loop::is_own_thread(self) {
+                        own::Room::Wait { drained_own } => {
+                            if drained_own && own::is_own_thread(self) {
                                 backoff.snooze();
                                 continue;
                             }
@@ -631,7 +638,7 @@ impl ShardShared {
         match self.push_and_wake(&self.messages, message, wake) {
             Ok(()) => {}
             Err(Refused::Defer(message)) => {
-                shard_loop::defer(self, shard_loop::Deferred::Message { message, wake });
+                own::defer(self, own::Deferred::Message { message, wake });
             }
             Err(Refused::Closed(_)) => {
                 unreachable!("message ring invariant: the message ring is never closed")

@@ -15,7 +15,7 @@
 //! | the caller's CPU ([`current_cpu`]) | `sched_getcpu` on Linux | `None` (homes picked by id block) | nothing: the CPU only picks a home |
 //! | the manual clock's lock (`clock/manual.rs`) | `Mutex::lock` | a spin on loom's `Mutex::try_lock` (loom cannot unpark a thread blocked on a mutex) | nothing of the protocol: the spin is a lock taken |
 //! | `thread_local!` (in `handle`, `executor`) | `std`, const-initialised | `loom`'s, one per model thread | — |
-//! | entry allocations | the entry pool (`entry/pool.rs`), `Box` above 256 bytes | `Box` plus a `loom::alloc::Track` in each header | the pool in entries: its cross-thread free (a chunk's `freed` list, a heap's list of such chunks) has its own model (`pool.rs`), driving the real `Heap` and `free` |
+//! | entry allocations | the entry pool (`entry/pool/`), `Box` above 256 bytes | `Box` plus a `loom::alloc::Track` in each header | the pool in entries: its cross-thread free (a chunk's `freed` list, a heap's list of such chunks) has its own model (`pool.rs`), driving the real `Heap` and `free` |
 //! | `TimerId` prefix counter (`id.rs`) | a `std` static atomic | the same `std` static (loom atomics cannot be statics) | nothing: it only keeps ids unique and guards no memory |
 
 #![allow(

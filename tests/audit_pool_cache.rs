@@ -1,5 +1,5 @@
 //! Audit of the entry pool's process-wide cache of retired chunks (commit e04dde7,
-//! `src/entry/pool.rs`, `mod cache`), through the public API only.
+//! `src/entry/pool/cache.rs`), through the public API only.
 //!
 //! What the change claims, and how each claim is attacked here:
 //!
@@ -1038,7 +1038,7 @@ fn burst_on(thread: &mpsc::Sender<Burst>, base: u32, count: u32, size: usize) ->
     rx.recv_timeout(WAIT).expect("the burst")
 }
 
-/// A known limit, older than the cache, stated in `src/entry/pool.rs` and the README
+/// A known limit, older than the cache, stated in `src/entry/pool/mod.rs` and the README
 /// since this audit (whose README claim it showed overstated): a thread that stays
 /// alive and idle after its burst does not collect, so the chunks of its burst, every
 /// block of which came back, are neither cached nor returned: a burst on another live
@@ -1047,7 +1047,7 @@ fn burst_on(thread: &mpsc::Sender<Burst>, base: u32, count: u32, size: usize) ->
 /// (past the cache's 32 MiB, without bound: N idle threads hold N bursts). Run it with
 /// `--ignored` to see the limit; it passes once a free can retire a chunk.
 #[test]
-#[ignore = "known limit: a live idle thread's freed chunks return only when it next collects or exits (src/entry/pool.rs)"]
+#[ignore = "known limit: a live idle thread's freed chunks return only when it next collects or exits (src/entry/pool/mod.rs)"]
 fn a_burst_on_one_live_thread_takes_the_chunks_another_live_threads_burst_freed() {
     let _serial = serial();
     const BURST: u32 = 20 * 127; // 20 chunks of 256-byte entries

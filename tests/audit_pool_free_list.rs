@@ -1,5 +1,5 @@
 //! Audit of the entry pool's free list as one word with its count and its recorded
-//! last block (`FreedList`, `freed_tail`, `src/entry/pool.rs`), through the public
+//! last block (`FreedList`, `freed_tail`, `src/entry/pool/chunk.rs`), through the public
 //! API only. Entries are allocated by `schedule` on the calling thread and freed by
 //! whichever thread drops the last reference: a pool worker or shard after a fire, a
 //! canceller, a handle dropped on another thread, the drop of `shutdown`'s unfired

@@ -22,8 +22,8 @@ use support::{wait_until, DropCounter, WAIT};
 
 const MS: Duration = Duration::from_millis(1);
 
-/// The entry pool's chunks: 32 KiB, aligned to 32 KiB (`src/entry/pool.rs`); nothing
-/// else in these tests allocates with that layout.
+/// The entry pool's chunks: 32 KiB, aligned to 32 KiB (`src/entry/pool/mod.rs`);
+/// nothing else in these tests allocates with that layout.
 const CHUNK: usize = 32 * 1024;
 
 /// Bytes of live allocations with the pool's chunk layout.

@@ -383,7 +383,7 @@ fn workloads_empty(run: &RunReport) -> bool {
 }
 
 fn main() {
-    // `chaos` has arguments of its own (modes/chaos.rs).
+    // `chaos` has arguments of its own (modes/chaos/mod.rs).
     if std::env::args().nth(1).as_deref() == Some("chaos") {
         std::process::exit(modes::chaos::main(std::env::args().skip(1)));
     }

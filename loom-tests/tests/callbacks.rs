@@ -1,5 +1,6 @@
 //! Model 12: where callbacks run, on the whole service (`src/shard/shard_loop.rs`,
-//! `src/timer.rs`, `src/dispatch/`): one shard, rings of 2, no pool.
+//! `src/shard/own.rs`, `src/timer.rs`, `src/dispatch/`): one shard, rings of 2, no
+//! pool.
 //!
 //! First model, inline: a due timer's callback runs on the shard thread, cancels a
 //! far timer (a message into its own shard), schedules a timer from there and shuts

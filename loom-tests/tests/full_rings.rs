@@ -1,6 +1,6 @@
 //! Model 14: two shards meeting on each other's full rings (issue 19, defect 1;
 //! `ShardShared::push_and_wake` and `drain_own_rings` in `src/shard.rs` and
-//! `src/shard/shard_loop.rs`), with the real cores installed as their threads' own
+//! `src/shard/own.rs`), with the real cores installed as their threads' own
 //! (`run_as_shard_thread`, as `ShardThread::run` installs them).
 //!
 //! Explores: two shard threads, each inside an inline callback that schedules three

@@ -1,7 +1,8 @@
 //! Model 4: the shard's park handshake (`ShardShared::prepare_park` against
 //! `ShardShared::push_insert`, `src/shard.rs` ground rules), with the real
 //! `ShardCore` and the shard thread's real park (`plan_park` and `park` in
-//! `src/shard/shard_loop.rs`, through `park_for_model`) on the shard side.
+//! `src/shard/park.rs`, through `park_for_model` in `src/shard/model.rs`) on the
+//! shard side.
 //!
 //! Explores: a producer inserting a timer due at tick 5 while the shard, whose next
 //! expiry is tick 10, publishes its wake-up tick, re-checks its rings and parks.

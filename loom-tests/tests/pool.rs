@@ -1,6 +1,7 @@
-//! Model 17: the entry pool's cross-thread free (`src/entry/pool.rs`): blocks freed
-//! by other threads onto their chunk's `freed` list, the chunk listed with its heap
-//! by the free that made that list non-empty, and the owner taking both lists.
+//! Model 17: the entry pool's cross-thread free (`src/entry/pool/chunk.rs`, and the
+//! owner's side in `heap.rs`): blocks freed by other threads onto their chunk's
+//! `freed` list, the chunk listed with its heap by the free that made that list
+//! non-empty, and the owner taking both lists.
 //!
 //! Explores: the real `Heap` and `free`. The owner uses up a chunk (three blocks);
 //! two threads each free one of its blocks (writing to the block first, as an

@@ -1,9 +1,9 @@
-//! Models of the watcher's park handshake (issue 29, `src/shard/shard_loop.rs`): a
-//! shard parks for as long as the shard it watches allows (its `Watch` horizon), and
-//! the watched shard makes sure its watcher looks in time when it begins to need a
-//! rescue. Both sides run the shard loop's own code through `ModelShard`: the
-//! watcher's `plan_park` with its `Watch`, then `park`; the watched shard's
-//! `plan_park` and `park`'s `tell_watcher`, and `alert_watcher`.
+//! Models of the watcher's park handshake (issue 29, `src/shard/rescue.rs` and
+//! `park.rs`): a shard parks for as long as the shard it watches allows (its `Watch`
+//! horizon), and the watched shard makes sure its watcher looks in time when it
+//! begins to need a rescue. Both sides run the shard loop's own code through
+//! `ModelShard`: the watcher's `plan_park` with its `Watch`, then `park`; the watched
+//! shard's `plan_park` and `park`'s `tell_watcher`, and `alert_watcher`.
 //!
 //! The handshake is a store-buffer pair: the watcher stores its wake-up
 //! (`prepare_park`), issues a SeqCst fence and reads the watched shard's state again;

@@ -50,7 +50,7 @@
 //!   keeps the entry), but nothing relies on it.
 //! - **The park handshake, direct.** The shard decides how long to sleep while it
 //!   holds its token: `plan_park` reads the core's next expiry and publishes the
-//!   wake-up in `next_wake` inside the same hold (`shard_loop.rs`). A direct filer
+//!   wake-up in `next_wake` inside the same hold (`park.rs`). A direct filer
 //!   reads `next_wake` inside its own hold, after filing. Holds are ordered by the
 //!   token (each Release store of the token synchronises with the next holder's
 //!   Acquire CAS), so for the last plan `S` before the shard's sleep and the filer's
@@ -86,7 +86,7 @@
 )]
 
 use super::custody::Custody;
-use super::shard_loop::InCustody;
+use super::turn::InCustody;
 use super::ShardShared;
 use crate::clock::Tick;
 use crate::entry::EntryRef;
@@ -323,10 +323,18 @@ mod tests {
         let mut handles = Vec::new();
         for round in 0..100 {
             let timers: Vec<_> = (0..3).map(|k| timer(1_000 + k)).collect();
-            let before = shared.load().scheduled;
+            let before = shared.stats.filed_direct.load(Ordering::Relaxed);
             let seen_by_owner = std::thread::scope(|scope| {
                 let owner = custody.with(|_| {
-                    let owner = scope.spawn(|| custody.with(|_| shared.load().scheduled));
+                    // The owner's hold counts the direct filings before it, then
+                    // drains the ring as its turn would.
+                    let owner = scope.spawn(|| {
+                        custody.with(|held| {
+                            let filed = shared.stats.filed_direct.load(Ordering::Relaxed);
+                            held.core_mut().unwrap().drain_inserts();
+                            filed
+                        })
+                    });
                     let deadline = Instant::now() + Duration::from_secs(10);
                     while custody.waiters() == 0 {
                         assert!(Instant::now() < deadline, "the owner waits within 10 s");

@@ -1,5 +1,5 @@
 //! What a shard's turns fired and has not yet dispatched (inline, spawn), and who runs
-//! one of them now: the queue behind the shard's token (`shard_loop.rs`), so that its
+//! one of them now: the queue behind the shard's token (`turn.rs`), so that its
 //! callbacks run one at a time, in deadline order, though two threads may pop them.
 //!
 //! # Ground rules

@@ -296,7 +296,7 @@ impl Builder {
             })
             .collect();
         // Every shard thread may push onto every shard: it needs their links to
-        // never wait for a full ring of one (`shard_loop::make_room`).
+        // never wait for a full ring of one (`shard::own::make_room`).
         let peers: Vec<_> = threads.iter().map(|(_, thread)| thread.link()).collect();
         // Producers file into a shard's wheel directly when its token is free.
         let direct_ports: Vec<_> = threads

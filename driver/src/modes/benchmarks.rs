@@ -231,6 +231,12 @@ fn sections(
             summary: Some("burst (1 M due at once, drain)"),
             series: of_rows(&report.burst),
         });
+        sections.push(Section {
+            title: "firehose: 1 M timers due in 10–1000 ms from 2 unpinned producers without pause, schedule rate".into(),
+            unit: "timers/s",
+            summary: Some("firehose (2 unpinned producers, spread deadlines)"),
+            series: of_rows(&report.firehose),
+        });
         let columns = report.producers.len();
         for (cancel, name) in [(false, "schedule"), (true, "schedule+cancel")] {
             for (index, &producers) in report.producers.iter().enumerate() {
@@ -503,6 +509,7 @@ fn method(o: &mut String, rounds: usize) {
 - **Peers.** `sharded-timer`: the service at its defaults (a shard per core, pinned, callbacks on its pool, 1 ms tick); `sharded-unpinned`, `sharded-inline`, `sharded-spawn`: the same with shards unpinned, callbacks inline on the shards, callbacks each spawned onto a rayon pool. `tokio`: a `tokio::time::sleep` per timer, `tokio-timeout`: a `tokio::time::timeout` around each request, both as their users write them (registered where created, dropped to cancel). `heap`: a `Mutex<BinaryHeap>` and a timer thread (as `java.util.Timer`). `netty-style`: one `Mutex`-guarded hashed wheel with rounds and one thread (as Netty's `HashedWheelTimer`). `pingora`: Cloudflare's `pingora-timeout` `fast_timeout` (deadlines rounded up to 10 ms and shared). Every peer ticks at 1 ms; producer threads are pinned one per core for every peer alike.
 - **rpc**: 2 producers make 1 M requests, each with a 300 ms timeout, on top of 1 M pending timers; each request is answered (its timer cancelled) 1,024 requests later, 97 % of the time; the rest time out. Rate: schedule+cancel pairs per second; lateness: of the timeouts that fire.
 - **burst**: 1 M timers due at one instant, scheduled from 2 producers; rate: timers fired per second from the deadline to the last callback.
+- **firehose**: 2 producer threads, not pinned, schedule 1 M timers due uniformly 10–1000 ms ahead as fast as they can, each callback a `Box<dyn FnOnce() + Send>`; rate: timers scheduled per second; lateness: of every timer, those that come due while the producers still file included (expiry must not wait for the filing to end).
 - **schedule, schedule+cancel**: 1 M timers, delays spread over 1–60 s, from 1, 2 and 8 producer threads, each keeping its handles; with cancel, each timer is cancelled right after it is scheduled.
 - **memory**: allocated bytes (a counting global allocator, not RSS) per pending timer for 1 M pending timers, the caller keeping its handle, minus the 16-byte closure each captures; measured once, first thing in the process.
 - **async timeouts**: on a tokio multi-thread runtime (one worker per core), 1,000 tasks each await 1,000 `timeout(1 s, f)` in turn; `f` is pending at the first poll and ready at the second (the timer is armed, then cancelled by the drop), or ready at once. sharded-timer runs with inline callbacks, as its docs advise an async program.
@@ -561,14 +568,18 @@ fn details(o: &mut String, report: &CompareReport) {
     let _ = writeln!(o, "### Lateness (median round)\n");
     let _ = writeln!(
         o,
-        "rpc: of the ~3 % of timeouts that fire; burst: of every timer (its maximum is the drain). µs after the deadline; early fires must be 0 (summed over every round).\n"
+        "rpc: of the ~3 % of timeouts that fire; burst: of every timer (its maximum is the drain); firehose: of every timer. µs after the deadline; early fires must be 0 (summed over every round).\n"
     );
     let _ = writeln!(
         o,
         "| workload | peer | p50 µs | p99 µs | p99.9 µs | max µs | early |"
     );
     let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|");
-    for (name, rows) in [("rpc", &report.rpc), ("burst", &report.burst)] {
+    for (name, rows) in [
+        ("rpc", &report.rpc),
+        ("burst", &report.burst),
+        ("firehose", &report.firehose),
+    ] {
         for row in rows {
             let [p50, p99, p999, max] = row.lateness;
             let _ = writeln!(

@@ -41,6 +41,7 @@ use crate::tracker::Tracker;
 const REQUESTS: usize = 1_000_000;
 const BACKGROUND: usize = 1_000_000;
 const BURST: usize = 1_000_000;
+const FIREHOSE: usize = 1_000_000;
 const WINDOW: usize = 1024;
 const TIMEOUT: Duration = Duration::from_millis(300);
 
@@ -215,6 +216,58 @@ fn burst(kind: Kind) -> Row {
         tracker,
     );
     row.lost = (BURST as u64).saturating_sub(fired);
+    row
+}
+
+/// firehose: 2 producer threads, not pinned, schedule `FIREHOSE` timers due uniformly
+/// 10-1000 ms ahead as fast as they can (no pause), each callback a boxed closure
+/// with a 16-byte capture and more; lateness of every timer, those that come due while
+/// the producers still file among them (issue 41: expiry must not wait for the
+/// firehose to end). Rate: timers scheduled per second.
+fn firehose(kind: Kind) -> Row {
+    let peer = kind.start();
+    let tracker = Tracker::leak(FIREHOSE, Instant::now(), Duration::ZERO);
+    let cpu = CpuMeter::start();
+    let start = Instant::now();
+    let kept: Vec<Vec<Handle>> = std::thread::scope(|scope| {
+        let peer = &peer;
+        let producers: Vec<_> = (0..2)
+            .map(|producer| {
+                scope.spawn(move || {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (producer as u64 + 1);
+                    let mut kept = Vec::with_capacity(FIREHOSE / 2);
+                    for index in producer * FIREHOSE / 2..(producer + 1) * FIREHOSE / 2 {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let delay = Duration::from_micros(10_000 + rng % 990_000);
+                        let deadline = Instant::now() + delay;
+                        let callback: Box<dyn FnOnce() + Send> =
+                            Box::new(move || tracker.record(index, deadline));
+                        kept.push(peer.schedule(delay, callback));
+                    }
+                    kept
+                })
+            })
+            .collect();
+        producers
+            .into_iter()
+            .map(|p| p.join().expect("producer"))
+            .collect()
+    });
+    let filing = start.elapsed();
+    tracker.wait_settled(Duration::from_secs(60));
+    let cpu_ns = cpu.ns_per(FIREHOSE);
+    let (histogram, fired) = tracker.lateness();
+    drop(kept);
+    drop(peer);
+    let mut row = Row::new(
+        kind,
+        (FIREHOSE as f64 / filing.as_secs_f64(), cpu_ns),
+        &histogram,
+        tracker,
+    );
+    row.lost = (FIREHOSE as u64).saturating_sub(fired);
     row
 }
 
@@ -450,6 +503,9 @@ pub(crate) struct CompareReport {
     pub(crate) rpc: Vec<Row>,
     /// burst: 1 M timers due together; fired/s over the drain, lateness.
     pub(crate) burst: Vec<Row>,
+    /// firehose: 1 M timers due in 10-1000 ms from 2 unpinned producers without
+    /// pause; timers scheduled/s, lateness of every timer.
+    pub(crate) firehose: Vec<Row>,
     /// Producer threads of the schedule columns.
     pub(crate) producers: Vec<usize>,
     /// Per peer: schedule M/s at each producer count, then schedule+cancel.
@@ -489,6 +545,14 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             &burst_rows,
         );
     }
+    let firehose_rows = median_rows(&kinds, rounds, firehose);
+    if !quiet {
+        print(
+            "firehose: 1 M timers due in 10-1000 ms from 2 unpinned producers without pause, schedule rate; lateness of every timer",
+            "timers/s",
+            &firehose_rows,
+        );
+    }
     let producers = vec![1, 2, 8];
     let mut samples = vec![vec![Vec::new(); 2 * producers.len()]; kinds.len()];
     for _ in 0..rounds {
@@ -526,6 +590,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         rounds,
         rpc: rpc_rows,
         burst: burst_rows,
+        firehose: firehose_rows,
         producers,
         schedule,
         schedule_cpu_ns,
