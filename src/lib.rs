@@ -1,44 +1,70 @@
-//! sharded-timer: hierarchical hashed timing wheels, one per core, for programs that
-//! keep millions of timers and create and cancel them from many threads at once.
+//! A timer service for programs that keep millions of timers (request timeouts, idle
+//! reapers, keepalives, retries, delayed jobs) and create and cancel them from many
+//! threads at once. It is a hierarchical timing wheel per core (Varghese and Lauck,
+//! as in Netty, Kafka and Linux), works under any executor, and offers
+//! `sharded_timer::time`, a drop-in for `tokio::time`.
+//!
+//! ```toml
+//! [dependencies]
+//! sharded-timer = "0.1"                                      # the service API
+//! # sharded-timer = { version = "0.1", features = ["tokio"] } # + #[sharded_timer::test], paused time with tokio's
+//! ```
+//!
+//! | feature | what it adds | extra dependencies |
+//! | --- | --- | --- |
+//! | (none) | [`ShardedTimer`], [`TimerHandle`], futures ([`Sleep`], [`Timeout`], [`Interval`]), [`time`], [`ManualClock`] | none beyond crossbeam, `core_affinity`, `pin-project-lite` (and `libc` on Linux) |
+//! | `tokio` | `#[sharded_timer::test]` and `#[sharded_timer::main]` (tokio's attributes, pausing this crate's time too); [`time::pause`] inside a tokio runtime pauses tokio's clock as well | tokio (`rt`, `time`, `test-util`), the macros crate |
+//! | `stream` | [`Interval`] implements `futures_core::Stream` | `futures-core` |
+//! | `rayon` | `Callbacks::rayon`: callbacks on your rayon pool | `rayon` |
+//! | `metrics` | `ShardedTimer::record_metrics`: [`Stats`] through the `metrics` facade | `metrics` |
+//!
+//! Items that need a feature say so on their page (on docs.rs, which builds with every
+//! feature); locally, `cargo doc --open --all-features` shows them all, the attribute
+//! macros included.
+//!
+//! # One service per process, cloned
+//!
+//! [`ShardedTimer::new`] starts a shard thread per core and an executor pool of as
+//! many threads: build one at start-up and clone it (a clone is a reference-counted
+//! pointer) into every part of the program that needs timers. A hundred services are
+//! four hundred threads. [`global`] is such a shared service, made on first use;
+//! [`time`]'s functions use it (or the one a thread [entered](ShardedTimer::enter)).
+//!
+//! # Which API: the service or `time::*`?
+//!
+//! - **Callbacks, and timers you cancel or reset by handle** (timeouts cancelled when
+//!   the answer comes, keepalives pushed back on every packet, delayed jobs): the
+//!   service API, [`ShardedTimer::schedule`] and [`TimerHandle`]. No executor needed.
+//! - **Async code**: [`ShardedTimer::sleep`], [`ShardedTimer::timeout`],
+//!   [`ShardedTimer::interval`] on a service you hold, under any executor; or, for code
+//!   written against `tokio::time`, [`time`]: the same names and signatures, so the
+//!   switch is one import line, and its paused tests keep passing (feature `tokio`).
+//! - **Tests**: [`Builder::clock`] with a [`ManualClock`]: [`ManualClock::advance`]
+//!   moves time and returns once everything it made due has fired, so code with
+//!   30-second timeouts is tested in microseconds.
 //!
 //! ```
 //! use std::time::Duration;
 //! use sharded_timer::ShardedTimer;
 //!
-//! let timer = ShardedTimer::new();
+//! let timer = ShardedTimer::new(); // once, at start-up; clone it where needed
 //! let handle = timer.schedule(Duration::from_secs(30), || println!("request timed out"))?;
 //! // ... the response arrived in time:
 //! assert!(handle.cancel());
 //! # Ok::<(), sharded_timer::ScheduleError>(())
 //! ```
 //!
-//! # Design
-//!
-//! Each timer is one heap allocation (state, deadline and callback). [`schedule`]
-//! routes it to the *shard* of the calling thread's core: a thread with its own
-//! hierarchical timing wheel ([`wheel::TimingWheel`]'s engine; Varghese & Lauck 1987,
-//! scheme 7), into which the caller files the timer itself when nobody holds the
-//! shard (one compare-and-swap on its token), else through a bounded lock-free MPSC
-//! ring. [`TimerHandle::cancel`] is one
-//! compare-and-swap on the entry's state. Each shard advances its wheel to the current
-//! tick, fires due timers, hands their callbacks to a work-stealing pool in batches
-//! (or runs them itself, or hands them to your executor: [`Callbacks`]), and parks
-//! until its next expiry: an idle service makes no wakeups.
-//!
 //! Beyond one-shot timers: [`TimerHandle::reset`] moves a pending timer (later is one
 //! atomic store, for keepalives), [`ShardedTimer::schedule_repeating`] runs a callback
 //! at a fixed rate without drift, [`ShardedTimer::schedule_with_fixed_delay`] a fixed
-//! delay after each run, and [`ShardedTimer::sleep`] / [`ShardedTimer::timeout`] /
-//! [`ShardedTimer::interval`] are futures for any executor ([`Sleep::reset`],
-//! [`MissedTickBehavior`]).
+//! delay after each run. [`ShardedTimer::stats`] counts what the service did; its
+//! lateness ([`Stats::lateness`]) is how long after its deadline the *shard fired*
+//! each timer, not when the callback ran: the hand-off to the executor and the wait for
+//! a free worker come after it (measure those in the callback if they matter).
 //!
-//! For tests, [`Builder::clock`] with a [`ManualClock`] makes a service read time only
-//! from that clock: [`ManualClock::advance`] moves it and returns once everything it
-//! made due has fired, so code with 30-second timeouts is tested in microseconds.
-//! Code written against `tokio::time` switches with an import change
-//! ([`time`]: the same names, on the current service), and its paused tests keep
-//! passing: [`time::pause`] gives a thread a service on a `ManualClock` of its own,
-//! which auto-advances as tokio's (feature `tokio`, with `#[sharded_timer::test]`).
+//! How it works, file by file (the wheel, the entry, the ring, the shard's turn, custody
+//! and rescue, parking, the entry pool, and which modules use `unsafe` and why):
+//! `docs/architecture.md` in the repository.
 //!
 //! # Guarantees
 //!
@@ -46,7 +72,9 @@
 //!    `Instant` (or with the [`ManualClock`] of a service built with
 //!    [`Builder::clock`]).
 //! 2. **On time.** Under normal load it starts within one tick (plus wake-up latency)
-//!    after it, also after any sequence of [`TimerHandle::reset`]s.
+//!    after it, also after any sequence of [`TimerHandle::reset`]s, and while other
+//!    threads schedule without pause (a shard's turn waits for at most one timer's
+//!    filing per producer, never for the stream of them).
 //! 3. **Exactly once.** A callback runs once, unless [`cancel`] returned `true` (then
 //!    never) or the service stopped first (then [`shutdown`] returns it as an
 //!    [`Unfired`], or it is dropped if the last [`ShardedTimer`] was dropped). Nothing
@@ -98,22 +126,6 @@
 //! A callback that captures a clone of its own [`ShardedTimer`] keeps the service
 //! alive while it is pending: call [`shutdown`] to stop such a service (the pending
 //! callbacks, and their clones, come back as [`Unfired`]).
-//!
-//! # Unsafe code
-//!
-//! Only these modules use `unsafe`, each owning one invariant (every other module is
-//! `#![forbid(unsafe_code)]`):
-//!
-//! - `entry`: the entry allocation, its reference count, the callback cell (owned by
-//!   the winner of the state CAS, dropped last by a canceller) and the shard-only
-//!   wheel place; `entry/pool/`: the per-thread heaps entries live in (a block's
-//!   chunk found by masking its address; blocks freed from any thread through the
-//!   chunk's lock-free list, taken back only by the owner);
-//! - `ring`: the MPSC ring's slots (one writer per reserved position, one consumer);
-//! - `shard` (one block, `ShardShared::port`) and its `core`: the shard outlives every
-//!   message it waits for, and claims each wheel pointer once;
-//! - `sync`: one `unsafe impl Sync`, under loom only, for the canary that lets the
-//!   models see a sender touch a retired shard; otherwise it forwards to std or loom.
 //!
 //! [`schedule`]: ShardedTimer::schedule
 //! [`cancel`]: TimerHandle::cancel

@@ -1,7 +1,21 @@
 //! One shard: a thread that runs its [`ShardCore`] in a loop — drain the insert and
 //! message rings, advance the wheel to the current tick, hand what fired to the
-//! executor — and parks until its next expiry. [`ShardShared`] is what producers and
-//! handles reach: the two rings, the park handshake, the stop flag.
+//! executor — and parks until its next expiry. This file holds [`ShardShared`], what
+//! producers and handles reach: the two rings, the park handshake, the stop flag.
+//! The rest has a file each:
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `core.rs` | [`ShardCore`]: the wheel, the rings' consumer side, one bounded turn (`ShardCore::turn`) |
+//! | `custody.rs` | the token whose holder owns the core, its ground rules (one holder, waiters first) |
+//! | `turn.rs` | what the token guards (`InCustody`) and the turn as a thread takes it (`ShardLink::turn`: lateness, dispatch) |
+//! | `direct.rs` | producers and cancellers filing or unlinking under the token themselves |
+//! | `park.rs` | how long a shard sleeps (`plan_park`, in a hold) and the sleep (`park`) |
+//! | `rescue.rs` | the watcher (`Watch::check`) that turns a stuck shard and runs its fired tasks |
+//! | `fired.rs` | the fired queue of inline and spawn callbacks, and the claim on a rescued run |
+//! | `own.rs` | what code on a shard thread reaches of its own shard: the borrow, deferred pushes, making room |
+//! | `shard_loop.rs` | the thread: start-up, the loop over turn, watch and park, its end |
+//! | `model.rs` | (loom builds only) the façade through which the loom models drive the code above |
 //!
 //! # Ground rules
 //!
@@ -41,7 +55,8 @@
 //! | function | runs on |
 //! | --- | --- |
 //! | `push_insert`, `send_cancel`, `send_move` | callers of `schedule`, `cancel`, `reset`; executor workers (a repeating timer's next run) |
-//! | `ShardThread::run`, everything in `ShardCore` | the shard thread, or the one rescuing it, holding the token (loom models: the model's threads) |
+//! | `ShardThread::run_loop` (through `ShardLink::turn`), everything in `ShardCore` | the shard thread, or the one rescuing it, holding the token (loom models: the model's threads) |
+//! | `ShardCore::file_direct`, `cancel_direct`, `move_direct` | callers of `schedule`, `cancel`, `reset`, holding the token (`direct.rs`) |
 //! | `RunTask::run` | an executor worker |
 //! | `request_stop`, `take_late` | the caller of `shutdown` |
 

@@ -44,7 +44,7 @@
 //!   `loom-tests/tests/direct.rs` (model 3) checks it on the real code, and fails with
 //!   the direct path's check removed.
 //! - **Not re-entrant.** A holder never takes the token again before giving it back;
-//!   the shard loop's thread-local borrow guards its own thread against that (user code
+//!   the thread-local borrow of `own.rs` (`OWN`) guards a shard's thread against that (user code
 //!   never runs under the token, and code reached from user code finds the borrow taken).
 //!
 //! Cost on the common path (the owner, uncontended): one CAS and one store per turn,

@@ -1,4 +1,5 @@
-//! The link between a thread and a shard's core: what the shard's token guards
+//! The turn, and the link between a thread and a shard's core that takes it: what the
+//! shard's token guards
 //! ([`InCustody`]: the core and the fired queue), and what a thread needs to turn the
 //! shard and dispatch what it fires ([`ShardLink`]), whichever thread holds the token:
 //! the shard's own (`shard_loop.rs`, `own.rs`), the one rescuing it (`rescue.rs`), or
@@ -93,7 +94,7 @@ impl ShardLink {
             core: Some(core),
             fired: FiredQueue::new(),
         }));
-        // SAFETY: the caller's two points are `Custody::set`'s: the custody outlives
+        // SAFETY: the caller's two points are `CustodySlot::set`'s: the custody outlives
         // the core's shutdown, and no sender reads the pointer yet.
         unsafe {
             shared.custody.set(&custody);

@@ -12,7 +12,7 @@
 //! exactly by a counting global allocator and printed before the timings, as bytes per
 //! resident entry including and excluding `size_of::<T>()`.
 //!
-//! Run: `cargo bench --bench wheel`.
+//! Run: `cargo bench -p sharded-timer-benches --bench wheel`.
 
 #![allow(
     missing_docs,

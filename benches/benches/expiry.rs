@@ -6,7 +6,7 @@
 //! show: keeping up means about 100 ms). Setup (scheduling, from 2 threads, with a
 //! 1.5 s lead) is outside the timing. Resident set: the 1e6 timers. Tick: 1 ms.
 //!
-//! Run: `cargo bench --bench expiry`.
+//! Run: `cargo bench -p sharded-timer-benches --bench expiry`.
 
 #![allow(
     missing_docs,

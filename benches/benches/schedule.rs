@@ -11,7 +11,7 @@
 //! workers) per schedule, 1e6 pending, the figure that counts on a machine with fewer
 //! cores than threads.
 //!
-//! Run: `cargo bench --bench schedule` (`-- schedule-cpu` for the CPU group alone).
+//! Run: `cargo bench -p sharded-timer-benches --bench schedule` (`-- schedule-cpu` for the CPU group alone).
 
 #![allow(
     missing_docs,

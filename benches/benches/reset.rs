@@ -8,7 +8,7 @@
 //! shard thread (it competes for the cores, as in production). Resident set: 1e6
 //! pending timers plus the re-armed ones. Tick: 1 ms.
 //!
-//! Run: `cargo bench --bench reset`.
+//! Run: `cargo bench -p sharded-timer-benches --bench reset`.
 
 #![allow(
     missing_docs,

@@ -12,7 +12,7 @@
 //! Also `schedule_cancel-cpu`: the process's CPU time (every thread) per pair, 1e6
 //! pending.
 //!
-//! Run: `cargo bench --bench cancel` (`-- schedule_cancel-cpu` for the CPU group alone).
+//! Run: `cargo bench -p sharded-timer-benches --bench cancel` (`-- schedule_cancel-cpu` for the CPU group alone).
 
 #![allow(
     missing_docs,
