@@ -139,6 +139,11 @@ impl Store for ShardStore {
         self.0.due_tick(deadline).get()
     }
 
+    fn prefetch(&self, entry: EntryPtr) {
+        // The header's line: the deadline the engine reads next, and the place it writes.
+        super::pool::prefetch(entry.0.as_ptr().cast_const());
+    }
+
     fn place(&self, entry: EntryPtr) -> Place {
         let header = self.header(entry);
         // SAFETY: only the shard thread touches `position` and `list`

@@ -57,7 +57,20 @@ pub(crate) trait Store {
     fn place(&self, entry: Self::Ref) -> Place;
     /// Records where the entry now sits.
     fn set_place(&mut self, entry: Self::Ref, place: Place);
+    /// A hint: the engine will ask for `entry`'s deadline soon (it is
+    /// [`PREFETCH_AHEAD`] entries further on in a list being worked through). A store
+    /// whose entries lie apart in memory starts loading it now, so that a cascade or a
+    /// drain of a big slot overlaps its cache misses instead of paying them one after
+    /// another. Never needed for correctness; the default does nothing.
+    fn prefetch(&self, entry: Self::Ref) {
+        let _ = entry;
+    }
 }
+
+/// How far ahead in a list the engine asks its store to prefetch ([`Store::prefetch`]):
+/// enough misses in flight to cover a memory latency per entry handled. 8 measured
+/// best on the 2-core VM (docs/benchmarks.md, the firehose row).
+pub(crate) const PREFETCH_AHEAD: usize = 8;
 
 /// The levels and the overdue list of one timing wheel, holding references of type `R`.
 pub(crate) struct Wheel<R> {
@@ -241,7 +254,13 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 let mut entries = core::mem::take(&mut lvl.slots[slot]);
                 let list = (level * SLOTS_PER_LEVEL + slot) as u16;
                 let mut handed = 0;
+                for &entry in entries.iter().take(PREFETCH_AHEAD) {
+                    store.prefetch(entry);
+                }
                 while handed < entries.len() && left > 0 {
+                    if let Some(&ahead) = entries.get(handed + PREFETCH_AHEAD) {
+                        store.prefetch(ahead);
+                    }
                     let entry = entries[handed];
                     handed += 1;
                     left -= self.hand_out(store, entry, start, expired);
@@ -259,11 +278,15 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                     reached = false;
                     break;
                 }
-                // Entries cascade only to lower levels, so this slot is still empty.
-                if entries.capacity() <= RETAINED_LIST_CAPACITY {
-                    entries.clear();
-                    self.levels[level].slots[slot] = entries;
-                }
+                // Entries cascade only to lower levels, so this slot is still empty. Its
+                // vector stays, cut down to the retained capacity: a slot that held more
+                // than that (a busy slot of level 0, or a cascading one) grows back from
+                // there next time, one reallocation per doubling above it, instead of
+                // from nothing (the firehose row: vector growth was 18 % of a shard's
+                // time, most of it in the allocator).
+                entries.clear();
+                entries.shrink_to(RETAINED_LIST_CAPACITY);
+                self.levels[level].slots[slot] = entries;
             }
             left += reserved;
             reserved = 0;
@@ -303,7 +326,13 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         // (a cascading entry, or one reset later) comes out now, before anything filed
         // after it, rather than going to the back of the overdue list. An entry not
         // due yet is filed where it belongs from the current tick.
+        for &entry in entries[next..].iter().take(PREFETCH_AHEAD) {
+            store.prefetch(entry);
+        }
         while next < entries.len() && *left > 0 {
+            if let Some(&ahead) = entries.get(next + PREFETCH_AHEAD) {
+                store.prefetch(ahead);
+            }
             let entry = entries[next];
             next += 1;
             *left -= self.hand_out(store, entry, self.now, expired);

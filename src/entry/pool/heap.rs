@@ -327,15 +327,16 @@ unsafe fn retire(chunk: *mut ChunkHead, spare: &mut *mut ChunkHead) -> usize {
     1
 }
 
-/// Asks the CPU to bring the line at `block` into its caches; a hint, a no-op for
-/// null and on other architectures.
+/// Asks the CPU to bring the line at `at` into its caches; a hint, a no-op for null,
+/// under Miri and on other architectures. Also the shard wheel's, for the entries of a
+/// slot it works through (`ShardStore::prefetch`).
 #[inline(always)]
-fn prefetch(block: *const Block) {
+pub(crate) fn prefetch<T>(at: *const T) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: a prefetch is a hint that never faults, whatever the address.
     unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(block.cast());
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast());
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = block;
+    let _ = at;
 }

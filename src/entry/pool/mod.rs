@@ -70,6 +70,7 @@ mod tests;
 use core::ptr::NonNull;
 
 pub use self::chunk::free;
+pub(crate) use self::heap::prefetch;
 /// The heap and the chunk's head, for the loom models (`crate::__loom::pool`).
 #[cfg(loom)]
 pub use self::{chunk::HEAD, heap::Heap};
