@@ -35,7 +35,7 @@ fn schedule_cancel(c: &mut Criterion) {
 }
 
 /// The same sweep, CPU ns (every thread) per pair: `schedule_cancel-cpu`.
-fn schedule_cancel_cpu(c: &mut Criterion<peers::ProcessCpu>) {
+fn schedule_cancel_cpu(c: &mut Criterion<sharded_timer_benches::ProcessCpu>) {
     harness::sweep_cpu(c, "schedule_cancel", |peer, i| {
         let handle = peer.schedule(spread_delay(i), || {});
         black_box(peer.cancel(&handle));

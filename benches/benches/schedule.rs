@@ -33,7 +33,7 @@ fn schedule(c: &mut Criterion) {
 }
 
 /// The same sweep, CPU ns (every thread) per schedule: `schedule-cpu`.
-fn schedule_cpu(c: &mut Criterion<peers::ProcessCpu>) {
+fn schedule_cpu(c: &mut Criterion<sharded_timer_benches::ProcessCpu>) {
     harness::sweep_cpu(c, "schedule", |peer, i| {
         black_box(peer.schedule(spread_delay(i), || {}));
     });

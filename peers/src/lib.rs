@@ -247,13 +247,13 @@ pub fn on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Durati
 
 /// As [`on_threads`], but the process's CPU time (every thread: the producers, and
 /// the shards and workers that take their timers in) over the same window, scaled to
-/// `iters` calls: what [`ProcessCpu`] measures.
+/// `iters` calls: what the benches' `ProcessCpu` measures.
 pub fn cpu_on_threads(threads: usize, iters: u64, op: impl Fn(u64) + Sync) -> Duration {
     measured_on_threads(threads, iters, op, process_cpu)
 }
 
 /// The process's CPU time so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`).
-fn process_cpu() -> Duration {
+pub fn process_cpu() -> Duration {
     cpu_time::ProcessTime::try_now().map_or(Duration::ZERO, |time| time.as_duration())
 }
 
@@ -285,56 +285,4 @@ fn measured_on_threads(
         read().saturating_sub(start)
     });
     measured.mul_f64(iters as f64 / (per_thread * threads as u64) as f64)
-}
-
-/// A criterion measurement of the process's CPU time, every thread, instead of wall
-/// time: on a machine with fewer cores than threads, the honest figure (a wall rate
-/// mostly says who got the CPU). Values are durations, shown as criterion shows time,
-/// and its throughput lines are then operations per CPU-second.
-pub struct ProcessCpu {
-    /// Lends its duration formatter.
-    wall: criterion::measurement::WallTime,
-}
-
-impl Default for ProcessCpu {
-    fn default() -> Self {
-        ProcessCpu {
-            wall: criterion::measurement::WallTime,
-        }
-    }
-}
-
-impl std::fmt::Debug for ProcessCpu {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ProcessCpu")
-    }
-}
-
-impl criterion::measurement::Measurement for ProcessCpu {
-    type Intermediate = Duration;
-    type Value = Duration;
-
-    fn start(&self) -> Duration {
-        process_cpu()
-    }
-
-    fn end(&self, start: Duration) -> Duration {
-        process_cpu().saturating_sub(start)
-    }
-
-    fn add(&self, a: &Duration, b: &Duration) -> Duration {
-        *a + *b
-    }
-
-    fn zero(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn to_f64(&self, value: &Duration) -> f64 {
-        value.as_nanos() as f64
-    }
-
-    fn formatter(&self) -> &dyn criterion::measurement::ValueFormatter {
-        self.wall.formatter()
-    }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use criterion::measurement::Measurement;
 
-use crate::peers::{cpu_on_threads, fill, on_threads, Kind, Peer, ProcessCpu};
+use crate::peers::{cpu_on_threads, fill, on_threads, Kind, Peer};
+use sharded_timer_benches::ProcessCpu;
 
 /// Timers pending before a sweep's measurements: 1e3, 1e6, 1e7.
 const SIZES: [usize; 3] = [1_000, 1_000_000, 10_000_000];
