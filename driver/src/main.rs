@@ -161,6 +161,10 @@ struct Args {
     /// Print the report as JSON instead of a table
     #[arg(long)]
     json: bool,
+    /// Print the wide table (every rate, every percentile, memory and CPU per
+    /// workload) instead of the one that fits a terminal
+    #[arg(long)]
+    verbose: bool,
     /// Shards [default: available cores]
     #[arg(long)]
     shards: Option<usize>,
@@ -625,7 +629,7 @@ fn main() {
     } else if args.csv {
         report::print_csv(&run);
     } else if !workloads_empty(&run) {
-        report::print_table(&run);
+        report::print_table(&run, args.verbose);
     }
     if failed || run.workloads.iter().any(report::WorkloadReport::violated) {
         std::process::exit(1);

@@ -62,11 +62,7 @@ impl WorkloadReport {
         if self.lateness_us.on_time >= ON_TIME_SHARE {
             return Timeliness::OnTime;
         }
-        let load = self.process.load(cores);
-        let busy = load.process.is_some_and(|share| share >= BUSY_SHARE);
-        let machine = load.machine.is_some_and(|share| share >= BUSY_SHARE);
-        let others = load.others().is_some_and(|share| share >= OTHERS_SHARE);
-        if busy || machine || others {
+        if self.process.load(cores).too_loaded() {
             Timeliness::TooLoaded
         } else {
             Timeliness::Late
@@ -97,6 +93,17 @@ pub(crate) struct Load {
 }
 
 impl Load {
+    /// Whether the machine was too loaded to judge lateness by (`timeliness`): the
+    /// process kept [`BUSY_SHARE`] of its cores busy, or the machine was that busy, or
+    /// other processes took [`OTHERS_SHARE`] of it. The same rule judges a peer's
+    /// failures that load explains (a request timed out, a client failed).
+    pub(crate) fn too_loaded(&self) -> bool {
+        let busy = self.process.is_some_and(|share| share >= BUSY_SHARE);
+        let machine = self.machine.is_some_and(|share| share >= BUSY_SHARE);
+        let others = self.others().is_some_and(|share| share >= OTHERS_SHARE);
+        busy || machine || others
+    }
+
     /// Other processes' share of the machine's CPUs.
     pub(crate) fn others(&self) -> Option<f64> {
         Some((self.machine? - self.process_of_machine?).max(0.0))
@@ -340,12 +347,73 @@ fn short(value: Option<f64>) -> String {
     }
 }
 
-/// Prints the table.
-pub(crate) fn print_table(run: &RunReport) {
+/// Prints the report: the table (the wide one if `verbose`), what each workload did,
+/// and the verdicts.
+pub(crate) fn print_table(run: &RunReport, verbose: bool) {
     println!();
     println!("sharded-timer load driver — {}", run.config);
     println!("{}", run.machine);
     println!();
+    if verbose {
+        print_wide(run);
+    } else {
+        print_narrow(run);
+    }
+    print_notes_and_verdicts(run);
+}
+
+/// The table that fits a terminal (under 100 columns): each workload's main rate,
+/// its lateness, and its checks; a legend under it says what each column is.
+fn print_narrow(run: &RunReport) {
+    println!(
+        "{:<13} {:>10} {:<11} {:>7} {:>7} {:>7} {:>8} {:>15}",
+        "workload", "rate", "(of what)", "p50 ms", "p99 ms", "max ms", "on time", "early/lost/dup"
+    );
+    for w in &run.workloads {
+        // The first rate the workload has; a burst's main figure is its drain.
+        let skip = usize::from(w.name == "burst") * 4;
+        let (value, head) = w
+            .rates
+            .columns()
+            .into_iter()
+            .zip(Rates::HEADS)
+            .skip(skip)
+            .find_map(|(value, head)| value.map(|v| (v, head)))
+            .map_or(("-".to_owned(), ""), |(v, head)| (short(Some(v)), head));
+        println!(
+            "{:<13} {:>10} {:<11} {:>7.2} {:>7.2} {:>7.2} {:>7.1}% {:>15}",
+            w.name,
+            value,
+            head,
+            w.lateness_us.p50 as f64 / 1e3,
+            w.lateness_us.p99 as f64 / 1e3,
+            w.lateness_us.max as f64 / 1e3,
+            w.lateness_us.on_time * 100.0,
+            format!("{}/{}/{}", w.early, w.lost, w.duplicated),
+        );
+    }
+    println!();
+    println!("  rate: the workload's main operation per second (schedule/s: timers scheduled;");
+    println!(
+        "        s+cancel/s: schedule and cancel pairs; reset/s: keepalive re-arms; cancel+s/s:"
+    );
+    println!("        cancel then schedule again). Paced workloads show their pace: a load, not a");
+    println!("        throughput (--compare measures throughput against tokio and the others).");
+    println!("  p50/p99/max ms: how long after its deadline each callback started (a burst's is");
+    println!("        its drain). on time: the share within one tick + 1 ms (guarantee 2).");
+    println!(
+        "  early/lost/dup: callbacks before their deadline, never run, run twice: all must be 0."
+    );
+    println!(
+        "  time scale (first line): every workload's timeouts and horizons are divided by it,"
+    );
+    println!("        so the run takes about a minute; lateness is not scaled.");
+    println!("  --verbose: every rate and percentile, memory per pending timer, peak RSS, CPU.");
+    println!();
+}
+
+/// The wide table: every rate column, four percentiles, memory and CPU.
+fn print_wide(run: &RunReport) {
     print!("{:<13}", "workload");
     for head in Rates::HEADS {
         print!(" {head:>10}");
@@ -388,6 +456,21 @@ pub(crate) fn print_table(run: &RunReport) {
         );
     }
     println!();
+    println!(
+        "  peak RSS: the process's, so far (it does not fall between workloads: later rows carry"
+    );
+    println!(
+        "        earlier ones' peaks). B/pending: bytes allocated per pending timer, measured only"
+    );
+    println!(
+        "        where the workload holds many at once in a process that freed none before it."
+    );
+    println!("  CPU s: the process's CPU time (every thread) during the workload.");
+    println!();
+}
+
+/// What each workload did, the invariants and the verdicts.
+fn print_notes_and_verdicts(run: &RunReport) {
     for w in &run.workloads {
         for note in &w.notes {
             println!("  {:<12} {note}", w.name);

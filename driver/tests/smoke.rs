@@ -133,7 +133,20 @@ fn the_report_judges_lateness_for_every_workload() {
     let out = driver().args(["rpc", "burst", "steady"]).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("lateness p99 µs"), "{stdout}");
+    // The table that fits a terminal, with its legend.
+    assert!(stdout.contains("p99 ms"), "{stdout}");
+    assert!(
+        stdout.contains("early/lost/dup: callbacks before"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .skip_while(|line| !line.starts_with("workload"))
+            .take_while(|line| !line.starts_with("  rate:"))
+            .all(|line| line.chars().count() <= 100),
+        "{stdout}"
+    );
     assert!(stdout.contains("on time (guarantee 2"), "{stdout}");
     let verdicts: Vec<&str> = stdout
         .lines()
@@ -156,6 +169,17 @@ fn the_report_judges_lateness_for_every_workload() {
         "{}",
         verdicts[1]
     );
+}
+
+/// `--verbose` prints the wide table: every rate, four percentiles, memory and CPU.
+#[test]
+fn verbose_prints_the_wide_table() {
+    let out = driver().args(["delayed", "--verbose"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("lateness p99 µs"), "{stdout}");
+    assert!(stdout.contains("B/pending"), "{stdout}");
+    assert!(stdout.contains("peak RSS: the process's"), "{stdout}");
 }
 
 /// `chaos`: 20 s of random operations from several threads on services in turn

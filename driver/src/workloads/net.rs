@@ -570,6 +570,8 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
         .map(|peer| run_peer(common, peer, connections))
         .collect();
     let process = meter.stop();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let too_loaded = process.load(cores).too_loaded();
     let ours = &runs[0];
     let count = |run: &NetRun, f: fn(&Tally) -> &AtomicU64| f(&run.tally).load(Ordering::Relaxed);
     let quiet = connections as u64 / 2;
@@ -583,7 +585,7 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
     )];
     for run in &runs {
         notes.push(format!(
-            "{:<19} {:>8.0} requests/s, {:>6.0} CPU ns/request ({:.2}x sharded-timer's); idle closes {}/{quiet} late after the deadline: woken p50 {:.2} / p99 {:.2} / max {:.2} ms, ran p50 {:.2} / p99 {:.2} / max {:.2} ms; early {}, busy closed {}, timed out {}, failed {}{}",
+            "{:<19} {:>8.0} requests/s, {:>6.0} CPU ns/request ({:.2}x sharded-timer's); {}/{quiet} quiet connections closed, each after its deadline (none early); how long after it: the timer woke the task p50 {:.2} / p99 {:.2} / max {:.2} ms, the task ran p50 {:.2} / p99 {:.2} / max {:.2} ms; busy connections closed {}, requests timed out {}, clients failed {}{}{}",
             run.peer.name(),
             run.requests_per_sec,
             run.cpu_ns_per_request,
@@ -595,21 +597,51 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
             run.lateness.p50 as f64 / 1e3,
             run.lateness.p99 as f64 / 1e3,
             run.lateness.max as f64 / 1e3,
-            count(run, |t| &t.early),
             count(run, |t| &t.busy_closed),
             count(run, |t| &t.timed_out),
             count(run, |t| &t.failed),
-            if run.failed(quiet) { ": FAILED" } else { "" },
+            ran_later_than_peers(run, &runs),
+            if !run.failed(quiet) {
+                String::new()
+            } else if count(run, |t| &t.early) == 0 && too_loaded {
+                ": not judged (the machine was too loaded: the rule that declines to judge sharded-timer's lateness)".to_owned()
+            } else {
+                format!(": FAILED ({} early)", count(run, |t| &t.early))
+            },
         ));
+    }
+    /// A flag for a run whose task ran later (p99) than another peer's by more than a
+    /// millisecond and a half while its timer woke it as promptly: the difference is
+    /// then in the wait for a runtime worker after the wake-up, not in the timer.
+    fn ran_later_than_peers(run: &NetRun, runs: &[NetRun]) -> String {
+        let slower: Vec<&str> = runs
+            .iter()
+            .filter(|other| {
+                run.lateness.p99 > other.lateness.p99 + 1_500
+                    && run.wake_lateness.p99 <= other.wake_lateness.p99 + 1_500
+            })
+            .map(|other| other.peer.name())
+            .collect();
+        if slower.is_empty() {
+            return String::new();
+        }
+        format!(
+            "; NOTE: the task ran later than with {} though woken as promptly: the extra wait came after the timer's wake-up, for a runtime worker to take the task up (not judged: guarantee 2 is the wake-up)",
+            slower.join(", ")
+        )
     }
     let failed: Vec<&str> = runs
         .iter()
-        .filter(|run| run.peer != Peer::Ours && run.failed(quiet))
+        .filter(|run| {
+            run.peer != Peer::Ours
+                && run.failed(quiet)
+                && (count(run, |t| &t.early) > 0 || !too_loaded)
+        })
         .map(|run| run.peer.name())
         .collect();
     if !failed.is_empty() {
         notes.push(format!(
-            "FAILED peer runs (a request timed out, a client failed, or an idle close was lost, early or of a busy connection): {}",
+            "FAILED peer runs (a request timed out, a client failed, or an idle close was lost, early or of a busy connection, on a machine not too loaded to judge; sharded-timer's exit status is its own runs' alone): {}",
             failed.join(", ")
         ));
     }

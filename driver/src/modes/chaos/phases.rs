@@ -289,8 +289,27 @@ pub(super) fn phase(
     account_unfired(&shared, unfired, seed);
     if let Some(expected) = expected_unfired {
         if returned != expected {
+            // Which ones: pending still, after shutdown's were accounted (each name
+            // says its kind; runs, and whether a run is under way).
+            let missing: Vec<String> = shared
+                .records()
+                .iter()
+                .filter(|record| record.pending())
+                .take(5)
+                .map(|record| {
+                    format!(
+                        "{} (runs {}, running {}, not before {} ns)",
+                        record.name(),
+                        record.runs(),
+                        Record::get(&record.running),
+                        // ORDERING: Acquire: as in `quiesce`.
+                        record.not_before.load(Ordering::Acquire)
+                    )
+                })
+                .collect();
             violation(format!(
-                "phase {number} ({config}): shutdown at quiescence returned {returned} timers, {expected} were pending"
+                "phase {number} ({config}): shutdown at quiescence returned {returned} timers, {expected} were pending; still pending after it: [{}]",
+                missing.join("; ")
             ));
         }
     }
