@@ -15,7 +15,7 @@
 //! | `fired.rs` | the fired queue of inline and spawn callbacks, and the claim on a rescued run |
 //! | `own.rs` | what code on a shard thread reaches of its own shard: the borrow, deferred pushes, making room |
 //! | `shard_loop.rs` | the thread: start-up, the loop over turn, watch and park, its end |
-//! | `model.rs` | (loom builds only) the façade through which the loom models drive the code above |
+//! | `loom_facade.rs` | (loom builds only) the façade through which the loom models drive the code above |
 //!
 //! # Ground rules
 //!
@@ -67,7 +67,7 @@ mod custody;
 mod direct;
 mod fired;
 #[cfg(loom)]
-mod model;
+mod loom_facade;
 mod own;
 mod park;
 mod rescue;
@@ -93,7 +93,7 @@ pub(crate) use self::direct::DirectPort;
 #[cfg(loom)]
 pub use self::fired::{Claim, FiredQueue};
 #[cfg(loom)]
-pub use self::model::{park_for_model, run_as_shard_thread, ModelShard};
+pub use self::loom_facade::{park_for_model, run_as_shard_thread, ModelShard};
 pub(crate) use self::own::{dispatch_rest_here, is_own_thread, take_own_core};
 pub(crate) use self::shard_loop::ShardThread;
 

@@ -2,7 +2,7 @@
 //! its thread keeps it ([`ModelShard`]), and the models' ways into the code that
 //! thread runs: its own borrow (`run_as_shard_thread`, `ModelShard::run_as_thread`),
 //! its turn, its park (`park_for_model`) and its watch. Compiled only under
-//! `--cfg loom` (`#[cfg(loom)] mod model;` in `shard.rs`); re-exported to the models
+//! `--cfg loom` (`#[cfg(loom)] mod loom_facade;` in `shard.rs`); re-exported to the models
 //! through `crate::__loom`.
 //!
 //! # Ground rules
