@@ -575,18 +575,23 @@ fn main() {
         workloads: Vec::new(),
         idle: None,
     };
+    let started = std::time::Instant::now();
+    // Each workload's result as it finishes (stderr, so the report stays whole on
+    // stdout): the first comes seconds after the build, not at the end of the run.
+    let announce = |report: &report::WorkloadReport| {
+        if !args.json && !args.csv {
+            eprintln!("{}", report::result_line(report, started.elapsed()));
+        }
+    };
     for workload in workloads {
         // Whatever it runs, it has made timers once it returns.
         let _made = MadeTimers;
         if workload == Workload::Keepalive {
             // reset, then the cancel + schedule a timer without reset needs, side by side.
             for rearm in [keepalive::Rearm::Reset, keepalive::Rearm::CancelSchedule] {
-                run.workloads.push(keepalive::run(
-                    &common,
-                    args.connections,
-                    args.idle_timeout_s,
-                    rearm,
-                ));
+                let result = keepalive::run(&common, args.connections, args.idle_timeout_s, rearm);
+                announce(&result);
+                run.workloads.push(result);
             }
             continue;
         }
@@ -612,6 +617,7 @@ fn main() {
             Workload::Stall => stall::run(&common, args.stall_s),
             Workload::Net => net::run(&common, args.net_connections, &args.peers),
         };
+        announce(&result);
         run.workloads.push(result);
     }
     if !args.no_idle_check && !workloads_empty(&run) {

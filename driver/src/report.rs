@@ -362,6 +362,34 @@ pub(crate) fn print_table(run: &RunReport, verbose: bool) {
     print_notes_and_verdicts(run);
 }
 
+/// One line for a workload as it finishes: its main rate, lateness p99 and its checks.
+pub(crate) fn result_line(w: &WorkloadReport, elapsed: Duration) -> String {
+    let (value, head) = main_rate(w);
+    format!(
+        "[{:>5.1} s] {:<12} done: {value} {head}, lateness p99 {:.2} ms, {:.1} % on time, early/lost/dup {}/{}/{}",
+        elapsed.as_secs_f64(),
+        w.name,
+        w.lateness_us.p99 as f64 / 1e3,
+        w.lateness_us.on_time * 100.0,
+        w.early,
+        w.lost,
+        w.duplicated
+    )
+}
+
+/// A workload's main rate and what it counts: the first rate it has; a burst's main
+/// figure is its drain.
+fn main_rate(w: &WorkloadReport) -> (String, &'static str) {
+    let skip = usize::from(w.name == "burst") * 4;
+    w.rates
+        .columns()
+        .into_iter()
+        .zip(Rates::HEADS)
+        .skip(skip)
+        .find_map(|(value, head)| value.map(|v| (v, head)))
+        .map_or(("-".to_owned(), ""), |(v, head)| (short(Some(v)), head))
+}
+
 /// The table that fits a terminal (under 100 columns): each workload's main rate,
 /// its lateness, and its checks; a legend under it says what each column is.
 fn print_narrow(run: &RunReport) {
@@ -370,16 +398,7 @@ fn print_narrow(run: &RunReport) {
         "workload", "rate", "(of what)", "p50 ms", "p99 ms", "max ms", "on time", "early/lost/dup"
     );
     for w in &run.workloads {
-        // The first rate the workload has; a burst's main figure is its drain.
-        let skip = usize::from(w.name == "burst") * 4;
-        let (value, head) = w
-            .rates
-            .columns()
-            .into_iter()
-            .zip(Rates::HEADS)
-            .skip(skip)
-            .find_map(|(value, head)| value.map(|v| (v, head)))
-            .map_or(("-".to_owned(), ""), |(v, head)| (short(Some(v)), head));
+        let (value, head) = main_rate(w);
         println!(
             "{:<13} {:>10} {:<11} {:>7.2} {:>7.2} {:>7.2} {:>7.1}% {:>15}",
             w.name,
