@@ -457,7 +457,10 @@ impl ShardShared {
         refile: bool,
     ) -> Result<(), EntryRef> {
         match self.push_and_wake(&self.insert, entry, Wake::Before(deadline)) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                own::retry_deferred_after_push();
+                Ok(())
+            }
             Err(Refused::Closed(entry)) => Err(entry),
             Err(Refused::Defer(entry)) => {
                 own::defer(
@@ -651,7 +654,7 @@ impl ShardShared {
     /// cannot make room in a full ring, deferring it to its own next turn).
     fn send_message(&self, message: Message, wake: Wake) {
         match self.push_and_wake(&self.messages, message, wake) {
-            Ok(()) => {}
+            Ok(()) => own::retry_deferred_after_push(),
             Err(Refused::Defer(message)) => {
                 own::defer(self, own::Deferred::Message { message, wake });
             }

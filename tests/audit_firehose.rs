@@ -22,7 +22,11 @@
 //! twice the `LATE` = 50 ms bound and more, which itself is 50 ticks of 1 ms: one tick
 //! plus generous wake-up latency on a 2-core machine with 3-6 busy threads and another
 //! engineer's load. (The control test, CPU burners instead of a firehose, measures the
-//! machine's own latency: shard-side max 2-6 ms, callback start max 5-14 ms.)
+//! machine's own latency: shard-side max 2-6 ms, callback start max 5-16 ms; but in
+//! one of ~8 runs it saw a 214 ms stall of the whole process. So a *single* cluster
+//! of late probes that all start at one instant, in one run of a plain-thread
+//! firehose test, may be the machine; the `FAILED` tests failed in every run, each late
+//! probe starting at the moment the long callback returns.)
 //!
 //! The tests take one global lock, so they run one at a time even under the default
 //! parallel test runner (the machine has 2 cores).
@@ -32,11 +36,18 @@
 //! The firehoses from plain threads (schedule, schedule+cancel, reset earlier, mixed,
 //! pure schedule, 2-slot rings, pool callbacks, a stuck shard, a repeating timer,
 //! `max_pending`, shutdown mid-firehose) all pass: the probes start within the bound
-//! and every count agrees. What fails (the tests marked `FAILS` below) is a firehose
+//! and every count agrees. What failed (the tests marked `FAILED` below) was a firehose
 //! *from inside a long inline callback* onto another shard: a `schedule`, or an
 //! earlier `reset`, that finds the other shard's ring full while its token is busy
 //! is deferred until the callback returns, so that timer is late by the rest of the
-//! callback's run, though its own shard is healthy and on time.
+//! callback's run, though its own shard is healthy and on time (0.3-1.5 s against the
+//! 50 ms bound, in every run).
+//!
+//! Fixed since: a shard thread's later pushes and direct operations retry its deferred
+//! pushes (`own::retry_deferred_after_push`), so a callback that keeps pushing
+//! delivers them within its next push. The `FAILED` tests below pass now, and fail
+//! again with that retry turned off. A callback that defers a push and then stops
+//! pushing still holds it until its loop's next turn (documented there).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -1036,7 +1047,9 @@ fn repeating_timer_on_time_during_schedule_firehose() {
         .filter(|at| *at <= ended - MARGIN)
         .collect();
     let gaps: Vec<Duration> = judged_runs.windows(2).map(|w| w[1] - w[0]).collect();
-    let first = judged_runs.first().map(|at| at.saturating_duration_since(after));
+    let first = judged_runs
+        .first()
+        .map(|at| at.saturating_duration_since(after));
     eprintln!(
         "{label}: first run {first:?} after the call; largest gap between runs {:?}; shard-side lateness max {:?}",
         gaps.iter().max(),
@@ -1287,7 +1300,7 @@ fn shutdown_mid_firehose_accounts_for_every_timer() {
                         seed ^= seed << 13;
                         seed ^= seed >> 7;
                         seed ^= seed << 17;
-                        let delay = if seed % 4 == 0 {
+                        let delay = if seed.is_multiple_of(4) {
                             HOUR
                         } else {
                             Duration::from_micros(seed % 5000)
@@ -1317,7 +1330,7 @@ fn shutdown_mid_firehose_accounts_for_every_timer() {
                                     _ => tally.handles.push(handle),
                                 }
                                 // Cancel an older one now and then.
-                                if seed % 11 == 0 && !tally.handles.is_empty() {
+                                if seed.is_multiple_of(11) && !tally.handles.is_empty() {
                                     let k = (seed as usize / 11) % tally.handles.len();
                                     let old = tally.handles.swap_remove(k);
                                     if old.cancel() {
@@ -1549,7 +1562,8 @@ fn probes_from_a_long_inline_callback(label: &'static str, ring: usize, producer
     }
 }
 
-// FAILS (2026-11-28 audit): probes scheduled from the long inline callback onto shard 1
+// FAILED in every run before the fix (2026-11-28 audit; fixed by
+// `own::retry_deferred_after_push`, src/shard/own.rs): probes scheduled from the long inline callback onto shard 1
 // start up to the callback's remaining run time late (observed 0.3-1.5 s against a
 // 50 ms bound), all at the instant the callback returns; shard 1's own lateness
 // histogram shows the same, so they reached shard 1 late. Cause: a push from a shard
@@ -1563,7 +1577,8 @@ fn probes_from_a_long_inline_callback_onto_a_busy_shard_fire_on_time() {
     probes_from_a_long_inline_callback("inline callback firehose -> busy shard 1", 4096, 2);
 }
 
-// FAILS (2026-11-28 audit): probes scheduled from the long inline callback onto shard 1
+// FAILED in every run before the fix (2026-11-28 audit; fixed by
+// `own::retry_deferred_after_push`, src/shard/own.rs): probes scheduled from the long inline callback onto shard 1
 // start up to the callback's remaining run time late (observed 0.3-1.5 s against a
 // 50 ms bound), all at the instant the callback returns; shard 1's own lateness
 // histogram shows the same, so they reached shard 1 late. Cause: a push from a shard
@@ -1585,7 +1600,8 @@ fn probes_from_a_long_inline_callback_onto_a_busy_shard_with_tiny_rings_fire_on_
 /// shard 1's ring full while its token is held is deferred to shard 0's next turn,
 /// i.e. until this callback returns. (Without the producer thread the ring is never
 /// found full and the test passes: `ring_full_waits` 0.)
-// FAILS (2026-11-28 audit): probes scheduled from the long inline callback onto shard 1
+// FAILED in every run before the fix (2026-11-28 audit; fixed by
+// `own::retry_deferred_after_push`, src/shard/own.rs): probes scheduled from the long inline callback onto shard 1
 // start up to the callback's remaining run time late (observed 0.3-1.5 s against a
 // 50 ms bound), all at the instant the callback returns; shard 1's own lateness
 // histogram shows the same, so they reached shard 1 late. Cause: a push from a shard
@@ -1594,7 +1610,7 @@ fn probes_from_a_long_inline_callback_onto_a_busy_shard_with_tiny_rings_fire_on_
 // a thread-local list that only that thread's loop retries (`retry_deferred`), so it
 // waits for the callback to return; rescue cannot deliver it.
 #[test]
-fn minimal_probe_from_a_long_inline_callback_is_held_until_it_returns() {
+fn minimal_probe_from_a_long_inline_callback_is_not_held_until_it_returns() {
     let _serial = serial();
     let label = "minimal: long inline callback schedules onto shard 1 (ring 2)";
     let timer = ShardedTimer::builder()
@@ -1809,7 +1825,8 @@ fn resets_from_a_long_inline_callback(label: &'static str, ring: Option<usize>, 
     }
 }
 
-// FAILS (2026-11-28 audit): the reset clause of guarantee 2. An earlier reset made from
+// FAILED in every run before the fix (2026-11-28 audit; fixed by
+// `own::retry_deferred_after_push`, src/shard/own.rs): the reset clause of guarantee 2. An earlier reset made from
 // an inline callback on shard 0 sends shard 1 a move message; when shard 1's token is
 // busy (or awaited) and its message ring full, the message is deferred to shard 0's
 // thread (`own::defer`) and delivered only when the callback returns: the timer stays
@@ -1827,7 +1844,8 @@ fn timers_reset_earlier_from_a_long_inline_callback_fire_on_time() {
 
 /// As above with the builder's defaults for rings (4,096 slots) and pinning (shard k
 /// pinned to core k): only the callbacks are inline.
-// FAILS (2026-11-28 audit): the reset clause of guarantee 2. An earlier reset made from
+// FAILED in every run before the fix (2026-11-28 audit; fixed by
+// `own::retry_deferred_after_push`, src/shard/own.rs): the reset clause of guarantee 2. An earlier reset made from
 // an inline callback on shard 0 sends shard 1 a move message; when shard 1's token is
 // busy (or awaited) and its message ring full, the message is deferred to shard 0's
 // thread (`own::defer`) and delivered only when the callback returns: the timer stays
@@ -1874,7 +1892,12 @@ fn control_probes_beside_cpu_burners() {
         stop.store(true, SeqCst);
     });
     let ended = since + FIREHOSE;
-    probes.judge(ended - MARGIN, label);
+    // Informational: the machine's own latency under the same CPU contention. Never
+    // early and exactly once are still asserted (inside `verdict`); the lateness is
+    // printed, not asserted (one run of this control on the shared machine saw a
+    // 214 ms stall of every thread of the process, firehose or not).
+    let verdict = probes.verdict(ended - MARGIN, label);
+    eprintln!("{label}: verdict {verdict:?}");
     let stats = quiescent(&timer);
     eprintln!(
         "{label}: shard-side lateness p99 {:?} max {:?}",

@@ -119,7 +119,11 @@ impl DirectPort {
         deadline: Tick,
     ) -> Result<(), EntryRef> {
         match file(&self.custody, shard, entry, deadline) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                // A shard thread's pushes deferred earlier go now (own.rs).
+                super::own::retry_deferred_after_push();
+                Ok(())
+            }
             Err(entry) => shard.push_insert(entry, deadline),
         }
     }
@@ -209,6 +213,8 @@ pub(super) fn take(shard: &ShardShared, kind: Taken, entry: &EntryRef) -> bool {
             if let Some(shard_thread) = wake_up {
                 shard_thread.unpark();
             }
+            // A shard thread's pushes deferred earlier go now (own.rs).
+            super::own::retry_deferred_after_push();
             true
         }
         None => false,

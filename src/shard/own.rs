@@ -53,6 +53,8 @@ std::thread_local! {
     pub(super) static PEERS: RefCell<Vec<ShardLink>> = const { RefCell::new(Vec::new()) };
     /// Pushes this shard thread could not make room for, retried each turn (`defer`).
     static DEFERRED: RefCell<Vec<(ShardLink, Deferred)>> = const { RefCell::new(Vec::new()) };
+    /// Whether `retry_deferred_after_push` is retrying on this thread now.
+    static RETRYING: Cell<bool> = const { Cell::new(false) };
 }
 
 #[cfg(loom)]
@@ -65,6 +67,8 @@ loom::thread_local! {
     pub(super) static PEERS: RefCell<Vec<ShardLink>> = RefCell::new(Vec::new());
     /// As above, per model thread.
     static DEFERRED: RefCell<Vec<(ShardLink, Deferred)>> = RefCell::new(Vec::new());
+    /// As above, per model thread.
+    static RETRYING: Cell<bool> = Cell::new(false);
 }
 
 /// A push a shard thread deferred (ground rules: no shard thread waits for another).
@@ -187,6 +191,36 @@ pub(super) fn retry_deferred() -> bool {
         }
     }
     has_deferred()
+}
+
+/// After a push or direct operation from this thread went through: if the thread
+/// holds deferred pushes (a shard thread's callback found another shard's ring full
+/// and its token busy, and keeps pushing), tries them again now. The shard loop
+/// retries them each turn, but a long callback postpones its loop's next turn, and
+/// the deferred timers (or the earlier resets' messages) waited for the whole callback
+/// on a healthy shard: an outside audit measured 0.3-1.5 s (issue 41,
+/// tests/audit_firehose.rs). A callback that stops pushing after a deferral still
+/// leaves them to its loop's next turn. Never nested: a retry's own pushes do not
+/// retry again.
+pub(crate) fn retry_deferred_after_push() {
+    let holds = DEFERRED.with(|deferred| {
+        deferred
+            .try_borrow()
+            .is_ok_and(|deferred| !deferred.is_empty())
+    });
+    if !holds || RETRYING.with(Cell::get) {
+        return;
+    }
+    /// Clears `RETRYING` however the retry ends.
+    struct Retrying;
+    impl Drop for Retrying {
+        fn drop(&mut self) {
+            RETRYING.with(|retrying| retrying.set(false));
+        }
+    }
+    RETRYING.with(|retrying| retrying.set(true));
+    let _retrying = Retrying;
+    retry_deferred();
 }
 
 /// Retries the deferred pushes until none is left, taking this shard's own rings in
