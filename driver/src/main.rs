@@ -564,7 +564,11 @@ fn main() {
             ),
         },
         args.tick_us,
-        if common.pin { "pinned" } else { "unpinned" },
+        if common.pin {
+            "shards pinned to cores"
+        } else {
+            "shards not pinned"
+        },
         args.producers,
         args.time_scale,
         cores,

@@ -161,7 +161,7 @@ pub(crate) fn run(common: &Common, seconds: f64) -> WorkloadReport {
         process,
         notes: vec![
             format!(
-                "inline callbacks; one blocks {BLOCK:?} every {PERIOD:?}; {RATE:.0} others/s due {DELAY:?} after scheduling, for {seconds} s",
+                "inline callbacks; one blocks {BLOCK:?} every {PERIOD:?}; {RATE:.0} others/s due {DELAY:?} after scheduling, for {seconds} s; rescue: once a shard has been stuck in a callback for rescue_after, the shard that watches it fires its due timers (Builder::rescue_after)",
             ),
             line(&format!("ours, rescue after {rescue_after:?}:"), &rescued),
             line("ours, rescue off:", &unrescued),
