@@ -203,12 +203,17 @@ pub(super) fn retry_deferred() -> bool {
 /// leaves them to its loop's next turn. Never nested: a retry's own pushes do not
 /// retry again.
 pub(crate) fn retry_deferred_after_push() {
-    let holds = DEFERRED.with(|deferred| {
-        deferred
-            .try_borrow()
-            .is_ok_and(|deferred| !deferred.is_empty())
-    });
-    if !holds || RETRYING.with(Cell::get) {
+    // `try_with`: a push may come from another thread-local's destructor as the
+    // thread exits (a sleep kept in one, dropped), after this one was destroyed; a
+    // `with` would panic there, and a panic in a thread-local's destructor aborts.
+    let holds = DEFERRED
+        .try_with(|deferred| {
+            deferred
+                .try_borrow()
+                .is_ok_and(|deferred| !deferred.is_empty())
+        })
+        .unwrap_or(false);
+    if !holds || RETRYING.try_with(Cell::get).unwrap_or(true) {
         return;
     }
     /// Clears `RETRYING` however the retry ends.
