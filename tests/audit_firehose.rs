@@ -64,6 +64,13 @@ const MARGIN: Duration = Duration::from_millis(100);
 const MIN_JUDGED: usize = 20;
 /// The lateness bound: one 1 ms tick plus generous wake-up latency.
 const LATE: Duration = Duration::from_millis(50);
+/// The bound for timers scheduled or reset from inside a long inline callback onto
+/// another, busy shard (the tests that failed before `own::retry_deferred_after_push`):
+/// a push deferred there goes with the callback's next push that finds room, which on
+/// a 2-core CI machine in a debug build took up to 67 ms once (3 of 5,000 probes).
+/// Before the fix every run had probes 0.3-1.5 s late, so 200 ms still tells the two
+/// apart.
+const CALLBACK_LATE: Duration = Duration::from_millis(200);
 /// Probes are due this long after they are scheduled.
 const PROBE_LEAD: Duration = Duration::from_millis(20);
 /// A probe is scheduled every this long.
@@ -186,6 +193,16 @@ impl Probes {
     /// (never early and exactly once still panic at once), so that a test can check
     /// its other guarantees first.
     fn verdict(&self, judged_until: Instant, label: &str) -> Result<(usize, Duration), String> {
+        self.verdict_within(judged_until, label, LATE)
+    }
+
+    /// As `verdict`, with lateness bound `bound`.
+    fn verdict_within(
+        &self,
+        judged_until: Instant,
+        label: &str,
+        bound: Duration,
+    ) -> Result<(usize, Duration), String> {
         let fired = wait_until(WAIT, || self.all_fired());
         let list = self.list.lock().unwrap();
         let mut judged = 0;
@@ -220,7 +237,7 @@ impl Probes {
             if deadline <= judged_until {
                 judged += 1;
                 worst = worst.max(lateness);
-                if lateness > LATE {
+                if lateness > bound {
                     late.push(format!("{} {:?} late", probe.what, lateness));
                 }
             }
@@ -245,7 +262,7 @@ impl Probes {
         }
         if !late.is_empty() {
             return Err(format!(
-                "{label}: {} of {judged} judged probes started more than {LATE:?} after their deadline: {:?}",
+                "{label}: {} of {judged} judged probes started more than {bound:?} after their deadline: {:?}",
                 late.len(),
                 &late[..late.len().min(10)]
             ));
@@ -1547,7 +1564,7 @@ fn probes_from_a_long_inline_callback(label: &'static str, ring: usize, producer
             shard.lateness.max()
         );
     }
-    let verdict = probes.verdict(ended - MARGIN, label);
+    let verdict = probes.verdict_within(ended - MARGIN, label, CALLBACK_LATE);
     check_identity(&stats, label);
     let unfired = timer.shutdown();
     assert_eq!(
@@ -1695,7 +1712,7 @@ fn minimal_probe_from_a_long_inline_callback_is_not_held_until_it_returns() {
             shard.lateness.max()
         );
     }
-    let verdict = probes.verdict(ended - MARGIN, label);
+    let verdict = probes.verdict_within(ended - MARGIN, label, CALLBACK_LATE);
     check_identity(&stats, label);
     assert_eq!(timer.shutdown().len() as u64, done.left_pending);
     if let Err(failure) = verdict {
@@ -1817,7 +1834,7 @@ fn resets_from_a_long_inline_callback(label: &'static str, ring: Option<usize>, 
             shard.lateness.max()
         );
     }
-    let verdict = probes.verdict(ended - MARGIN, label);
+    let verdict = probes.verdict_within(ended - MARGIN, label, CALLBACK_LATE);
     check_identity(&stats, label);
     assert_eq!(timer.shutdown().len() as u64, done.left_pending);
     if let Err(failure) = verdict {
