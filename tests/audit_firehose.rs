@@ -122,9 +122,16 @@ fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
 }
 
 /// A `'static` counter (leaked: a few per test), so that firehose callbacks capture
-/// 8 bytes and touch no shared reference count when they are made.
+/// 8 bytes and touch no shared reference count when they are made. Each is kept in a
+/// static list too, so that LeakSanitizer (`.ci/run`'s AddressSanitizer step) sees
+/// them reachable rather than reporting the test's own leak.
 fn counter() -> &'static AtomicU64 {
-    Box::leak(Box::new(AtomicU64::new(0)))
+    static KEPT: Mutex<Vec<&'static AtomicU64>> = Mutex::new(Vec::new());
+    let counter: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    KEPT.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(counter);
+    counter
 }
 
 /// Counts drops of the tokens it hands out.
