@@ -56,6 +56,9 @@ use std::time::{Duration, Instant};
 
 use sharded_timer::{Callbacks, ScheduleError, ShardedTimer, Stats, TimerHandle, TimerState};
 
+mod support;
+use support::wait_until;
+
 /// How long each firehose runs.
 const FIREHOSE: Duration = Duration::from_millis(1500);
 /// A judged probe is due at least this long before the firehose ends.
@@ -106,19 +109,6 @@ const WAIT: Duration = Duration::from_secs(10);
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// A `'static` counter (leaked: a few per test), so that firehose callbacks capture

@@ -203,6 +203,11 @@ pub(super) fn retry_deferred() -> bool {
 /// leaves them to its loop's next turn. Never nested: a retry's own pushes do not
 /// retry again.
 pub(crate) fn retry_deferred_after_push() {
+    // Only a shard thread defers: any other producer leaves at the first, cheapest
+    // look (a `const` cell with no destructor, so readable even as the thread exits).
+    if OWN_SHARD.try_with(Cell::get).unwrap_or(0) == 0 {
+        return;
+    }
     // `try_with`: a push may come from another thread-local's destructor as the
     // thread exits (a sleep kept in one, dropped), after this one was destroyed; a
     // `with` would panic there, and a panic in a thread-local's destructor aborts.

@@ -32,6 +32,21 @@ use super::level::{
     level_for, slot_for, slot_start, Level, NUM_LEVELS, RETAINED_LIST_CAPACITY, SLOTS_PER_LEVEL,
 };
 
+/// Starts loading the first [`PREFETCH_AHEAD`] of `entries`, a list about to be worked
+/// through ([`Store::prefetch`]).
+fn prefetch_first<S: Store>(store: &S, entries: &[S::Ref]) {
+    for &entry in entries.iter().take(PREFETCH_AHEAD) {
+        store.prefetch(entry);
+    }
+}
+
+/// Before handling `entries[at]`: starts loading the entry [`PREFETCH_AHEAD`] further on.
+fn prefetch_ahead<S: Store>(store: &S, entries: &[S::Ref], at: usize) {
+    if let Some(&ahead) = entries.get(at + PREFETCH_AHEAD) {
+        store.prefetch(ahead);
+    }
+}
+
 /// The list id of the overdue list (entries filed with a deadline `<=` now).
 const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
 
@@ -254,13 +269,9 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 let mut entries = core::mem::take(&mut lvl.slots[slot]);
                 let list = (level * SLOTS_PER_LEVEL + slot) as u16;
                 let mut handed = 0;
-                for &entry in entries.iter().take(PREFETCH_AHEAD) {
-                    store.prefetch(entry);
-                }
+                prefetch_first(store, &entries);
                 while handed < entries.len() && left > 0 {
-                    if let Some(&ahead) = entries.get(handed + PREFETCH_AHEAD) {
-                        store.prefetch(ahead);
-                    }
+                    prefetch_ahead(store, &entries, handed);
                     let entry = entries[handed];
                     handed += 1;
                     left -= self.hand_out(store, entry, start, expired);
@@ -326,13 +337,9 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         // (a cascading entry, or one reset later) comes out now, before anything filed
         // after it, rather than going to the back of the overdue list. An entry not
         // due yet is filed where it belongs from the current tick.
-        for &entry in entries[next..].iter().take(PREFETCH_AHEAD) {
-            store.prefetch(entry);
-        }
+        prefetch_first(store, &entries[next..]);
         while next < entries.len() && *left > 0 {
-            if let Some(&ahead) = entries.get(next + PREFETCH_AHEAD) {
-                store.prefetch(ahead);
-            }
+            prefetch_ahead(store, &entries, next);
             let entry = entries[next];
             next += 1;
             *left -= self.hand_out(store, entry, self.now, expired);
