@@ -152,6 +152,13 @@ struct Args {
     /// duplicated
     #[arg(long, value_parser = soak::parse_duration)]
     soak: Option<std::time::Duration>,
+    /// Internal: measure one users'-conditions cell of --compare in this process
+    /// (PEER:PRODUCERS:CANCEL), print it and exit
+    #[arg(long, hide = true, value_name = "CELL")]
+    cold_cell: Option<String>,
+    /// Internal: spin this many busy-loop threads until standard input closes
+    #[arg(long, hide = true, value_name = "N")]
+    busy_loops: Option<usize>,
     /// Print the workload report as CSV, one line per workload
     #[arg(long)]
     csv: bool,
@@ -392,6 +399,13 @@ fn main() {
         std::process::exit(modes::chaos::main(std::env::args().skip(1)));
     }
     let args = Args::parse();
+    // --compare's own child processes (modes/conditions.rs).
+    if let Some(cell) = &args.cold_cell {
+        modes::conditions::cell_main(cell);
+    }
+    if let Some(loops) = args.busy_loops {
+        modes::conditions::busy_main(loops);
+    }
     if !(args.time_scale > 0.0 && args.time_scale.is_finite()) {
         eprintln!("error: --time-scale must be a positive number");
         std::process::exit(2);

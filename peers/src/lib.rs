@@ -173,6 +173,29 @@ impl Peer {
         }
     }
 
+    /// Waits until every one of the `scheduled` timers made on this peer so far is in
+    /// its wheel (or heap), not in a queue that its own thread drains: sharded-timer's
+    /// insert rings empty, the netty-style worker's incoming queue taken in. tokio's
+    /// sleeps (registered by their first poll, inside `schedule`) and the heap (filed
+    /// under its lock) are in at once. Returns false if `limit` passed first.
+    pub fn wait_taken_in(&self, scheduled: u64, limit: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let done = match self {
+                Peer::Sharded(timer) => timer.stats().in_rings == 0,
+                Peer::NettyStyle(timer) => timer.taken_in() >= scheduled,
+                Peer::Tokio(_) | Peer::Heap(_) => true,
+            };
+            if done {
+                return true;
+            }
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     /// Cancels; true iff it was still pending (tokio: iff its future was still held).
     pub fn cancel(&self, handle: &Handle) -> bool {
         match (self, handle) {

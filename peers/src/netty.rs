@@ -10,7 +10,7 @@
 //! Differs in: the two queues are `Mutex<Vec>` (Netty uses lock-free MPSC queues), and
 //! slots are vectors with tombstones rather than doubly-linked lists.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use super::once::OnceTask;
 use std::sync::{Arc, Mutex};
@@ -42,6 +42,10 @@ struct Shared {
     incoming: Mutex<Vec<Arc<Timeout>>>,
     cancelled: Mutex<Vec<Arc<Timeout>>>,
     shutdown: AtomicBool,
+    /// Timeouts the worker has taken from `incoming` and placed (or found cancelled
+    /// and dropped); written only by the worker, once per batch, so producers never
+    /// touch it.
+    taken_in: AtomicU64,
 }
 
 /// The Netty-style timer.
@@ -69,6 +73,7 @@ impl NettyTimer {
             incoming: Mutex::new(Vec::new()),
             cancelled: Mutex::new(Vec::new()),
             shutdown: AtomicBool::new(false),
+            taken_in: AtomicU64::new(0),
         });
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
@@ -96,6 +101,13 @@ impl NettyTimer {
         });
         self.shared.incoming.lock().unwrap().push(timeout.clone());
         timeout
+    }
+
+    /// Timeouts the worker has taken into its wheel so far (each scheduled one once,
+    /// cancelled ones included): a scheduled timeout is in the wheel once this count
+    /// reaches it.
+    pub fn taken_in(&self) -> u64 {
+        self.shared.taken_in.load(Ordering::Acquire)
     }
 
     /// Cancels `timeout`; `true` iff this call stopped it (it leaves the wheel on the
@@ -126,6 +138,7 @@ fn run(shared: &Shared) {
         }
         // Move new timeouts into the wheel.
         let incoming = std::mem::take(&mut *shared.incoming.lock().unwrap());
+        let batch = incoming.len() as u64;
         for timeout in incoming {
             if !timeout.task.is_pending() {
                 continue;
@@ -139,6 +152,9 @@ fn run(shared: &Shared) {
                 .store((slot << 32) | index, Ordering::Relaxed);
             wheel[slot].push(Some((timeout, rounds)));
         }
+        // ORDERING: Release pairs with `taken_in`'s Acquire load: a reader that sees
+        // the count sees the wheel's writes of the batch (it only compares counts).
+        shared.taken_in.fetch_add(batch, Ordering::Release);
         // Remove cancelled timeouts.
         let cancelled = std::mem::take(&mut *shared.cancelled.lock().unwrap());
         for timeout in cancelled {

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::modes::compare::{CompareReport, Row};
+use crate::modes::conditions::{Column, ConditionsReport, BUSY_LOOPS_PER_CORE};
 use crate::modes::timeouts::TimeoutRow;
 use crate::report::{Lateness, Machine};
 use crate::workloads::net::NetRound;
@@ -266,6 +267,16 @@ fn sections(
             }
         }
     }
+    if let Some(report) = compare {
+        for column in &report.conditions.columns {
+            sections.push(Section {
+                title: condition_title(column, report.conditions.busy_loops),
+                unit: if column.cancel { "pairs/s" } else { "timers/s" },
+                summary: None,
+                series: condition_series(column),
+            });
+        }
+    }
     if !timeouts.is_empty() {
         type Pick = fn(&TimeoutRow) -> (&Vec<(f64, f64)>, u64);
         let shapes: [(&str, &'static str, Pick); 2] = [
@@ -321,6 +332,110 @@ fn sections(
         });
     }
     sections
+}
+
+/// The heading of a users'-conditions column.
+fn condition_title(column: &Column, busy_loops: usize) -> String {
+    format!(
+        "{}: 1 M timers from {} unpinned producer{}, boxed callbacks, a fresh process per run, {}",
+        column.workload(),
+        column.producers,
+        if column.producers == 1 { "" } else { "s" },
+        if column.busy {
+            format!("busy ({busy_loops} busy loops)")
+        } else {
+            "quiet".to_owned()
+        }
+    )
+}
+
+/// A users'-conditions column's peers as series, sharded-timer first.
+fn condition_series(column: &Column) -> Vec<Series> {
+    column
+        .peers
+        .iter()
+        .map(|peer| Series {
+            peer: peer.peer.to_owned(),
+            rounds: peer.rounds.clone(),
+            failure: peer.failure.clone(),
+        })
+        .collect()
+}
+
+/// The users' conditions' summary: each column's quiet and busy figures side by
+/// side, sharded-timer's median rate and, against each outside timer peer, the rate
+/// and CPU ratios with their verdicts.
+fn conditions_summary(o: &mut String, report: &ConditionsReport, rounds: usize) {
+    const PEERS: [(&str, &str); 3] = [
+        ("netty-style wheel", "netty-style"),
+        ("tokio", "tokio"),
+        ("heap timer", "heap"),
+    ];
+    let _ = writeln!(
+        o,
+        "### In the users' conditions: cold, unpinned, quiet and busy
+"
+    );
+    let _ = writeln!(
+        o,
+        "Each figure from a fresh process per run (a newly started service's first million timers), producers not pinned, each callback a `Box<dyn FnOnce() + Send>` with a 16-byte capture, deadlines spread over 1–60 s; busy: beside {} busy-loop threads ({BUSY_LOOPS_PER_CORE} per core, normal priority, in a process of their own that the harness starts before the busy runs and stops after). Each cell: sharded-timer's rate ÷ the peer's, then its CPU per operation ÷ the peer's (below 1 is less CPU), medians over {rounds} interleaved rounds, a lead or a loss only where every round agrees.\n",
+        report.busy_loops
+    );
+    let _ = write!(o, "| workload | quiet: sharded-timer |");
+    for (title, _) in PEERS {
+        let _ = write!(o, " ÷ {title} |");
+    }
+    let _ = write!(o, " busy: sharded-timer |");
+    for (title, _) in PEERS {
+        let _ = write!(o, " ÷ {title} |");
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "|---|---:|{}---:|{}",
+        "---|".repeat(PEERS.len()),
+        "---|".repeat(PEERS.len())
+    );
+    let quiet = report.columns.iter().filter(|c| !c.busy);
+    for column in quiet {
+        let busy = report
+            .columns
+            .iter()
+            .find(|c| c.busy && c.cancel == column.cancel && c.producers == column.producers);
+        let unit = if column.cancel { "pairs/s" } else { "timers/s" };
+        let _ = write!(
+            o,
+            "| {}, {} producer{} |",
+            column.workload(),
+            column.producers,
+            if column.producers == 1 { "" } else { "s" }
+        );
+        for side in [Some(column), busy] {
+            let Some(side) = side else {
+                let _ = write!(o, " — |{}", " — |".repeat(PEERS.len()));
+                continue;
+            };
+            let series = condition_series(side);
+            let ours = &series[0];
+            let (median, ..) = spread(ours.rounds.iter().map(|r| r.0));
+            let _ = write!(o, " {} {unit} |", rate(median));
+            for (_, name) in PEERS {
+                let cell = match series.iter().skip(1).find(|s| s.peer == name) {
+                    None => "—".to_owned(),
+                    Some(_) if ours.failure.is_some() => "sharded-timer's run failed".into(),
+                    Some(peer) if peer.failure.is_some() => "failed run".into(),
+                    Some(peer) => format!(
+                        "{}; CPU {}",
+                        ratio_short(ours, peer, |r| r.0, true),
+                        ratio_short(ours, peer, |r| r.1, false)
+                    ),
+                };
+                let _ = write!(o, " {cell} |");
+            }
+        }
+        let _ = writeln!(o);
+    }
+    let _ = writeln!(o);
 }
 
 /// A failure text for a peer's net rounds, if any failed: the counts over all rounds.
@@ -434,6 +549,9 @@ fn render(
     );
     let _ = writeln!(o, "- Rounds: {}, interleaved", context.rounds);
     summary(o, sections, context.rounds);
+    if let Some(report) = compare {
+        conditions_summary(o, &report.conditions, context.rounds);
+    }
     method(o, context.rounds);
     let _ = writeln!(o, "## Every workload\n");
     let _ = writeln!(
@@ -510,7 +628,8 @@ fn method(o: &mut String, rounds: usize) {
 - **rpc**: 2 producers make 1 M requests, each with a 300 ms timeout, on top of 1 M pending timers; each request is answered (its timer cancelled) 1,024 requests later, 97 % of the time; the rest time out. Rate: schedule+cancel pairs per second; lateness: of the timeouts that fire.
 - **burst**: 1 M timers due at one instant, scheduled from 2 producers; rate: timers fired per second from the deadline to the last callback.
 - **firehose**: 2 producer threads, not pinned, schedule 1 M timers due uniformly 10–1000 ms ahead as fast as they can, each callback a `Box<dyn FnOnce() + Send>`; rate: timers scheduled per second; lateness: of every timer, those that come due while the producers still file included (expiry must not wait for the filing to end).
-- **schedule, schedule+cancel**: 1 M timers, delays spread over 1–60 s, from 1, 2 and 8 producer threads, each keeping its handles; with cancel, each timer is cancelled right after it is scheduled.
+- **schedule, schedule+cancel**: 1 M timers, delays spread over 1–60 s, from 1, 2 and 8 producer threads, each keeping its handles; with cancel, each timer is cancelled right after it is scheduled. Rate: from the moment every producer is ready to the moment the last returns from its last call (a peer that takes timers in on its own thread, as netty-style, tokio's tasks and sharded-timer's rings do, may still be filing them then; its CPU for that is counted only as far as it ran inside the window).
+- **the users' conditions** (cold, unpinned, busy): the same two workloads, each run in a fresh process of the driver (`--cold-cell`, hidden), with unpinned producers and a boxed 16-byte callback per timer, first quiet, then beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core in a process of their own (`--busy-loops`, hidden; started before the busy runs and stopped after). The process's CPU time is the measured process's own.
 - **memory**: allocated bytes (a counting global allocator, not RSS) per pending timer for 1 M pending timers, the caller keeping its handle, minus the 16-byte closure each captures; measured once, first thing in the process.
 - **async timeouts**: on a tokio multi-thread runtime (one worker per core), 1,000 tasks each await 1,000 `timeout(1 s, f)` in turn; `f` is pending at the first poll and ready at the second (the timer is armed, then cancelled by the drop), or ready at once. sharded-timer runs with inline callbacks, as its docs advise an async program.
 - **net**: a tokio TCP server on loopback and its clients in one process: each request (8 bytes each way) under a 1 s timeout on both sides, the server closing a connection idle for 2 s through a `Sleep` reset by every message. Rate and CPU: requests over 1.5 s of back-to-back requests; then half the connections go quiet and their idle closes are timed. pingora's column uses `fast_timeout` for the timeouts and tokio's `Sleep` for the idle close (pingora has no resettable sleep).

@@ -12,7 +12,8 @@
 //! - schedule, schedule+cancel: 1 M timers (delays 1 s..60 s) from 1, 2 and 8
 //!   producer threads, each keeping its handles; with cancel, each timer is cancelled
 //!   right after it is scheduled.
-//! - memory: allocated bytes per pending timer for 1 M pending timers, the caller
+//! - memory: allocated bytes per pending timer for 1 M pending timers due in
+//!   61-120 s (spread over slots and levels), the caller
 //!   keeping its handle (each peer's own handle type), minus the 16-byte closure each
 //!   captures.
 //!
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::modes::conditions::{self, ConditionsReport};
 use crate::peers::{self, fill, Handle, Kind};
 use crate::report::median_by;
 use crate::tracker::Tracker;
@@ -308,8 +310,11 @@ fn bytes_per_pending(kind: Kind) -> (f64, (peers::Peer, Vec<Handle>)) {
     let mut handles: Vec<Handle> = Vec::with_capacity(BACKGROUND);
     let before = crate::alloc::allocated();
     for index in 0..BACKGROUND {
-        // A 16-byte closure (a reference and an index, as in the driver).
-        handles.push(peer.schedule(Duration::from_secs(3600), move || {
+        // Deadlines spread over 61-120 s, so that timers sit in many slots and in
+        // more than one wheel level, as a service's do; a 16-byte closure (a
+        // reference and an index, as in the driver).
+        let delay = Duration::from_secs(60) + peers::spread_delay(index as u64);
+        handles.push(peer.schedule(delay, move || {
             let _ = (tracker, index);
         }));
     }
@@ -329,6 +334,46 @@ pub(crate) fn schedule_rate(kind: Kind, threads: usize, cancel: bool) -> (f64, f
 
 /// [`schedule_rate`] on a running peer, which it drops at the end.
 pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool) -> (f64, f64) {
+    schedule_rate_shaped(peer, threads, cancel, Shape::PINNED_EMPTY)
+}
+
+/// How [`schedule_rate_shaped`]'s producers run and what they schedule.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    /// Each producer pinned to its own core ([`peers::pin_producer`]); else where the
+    /// OS puts it, as a runtime's workers are.
+    pub(crate) pinned: bool,
+    /// Each callback a `Box<dyn FnOnce() + Send>` with a 16-byte capture, made per
+    /// timer by the producer (the common shape in users' code); else an empty closure.
+    pub(crate) boxed: bool,
+    /// The window closes when every timer is in the peer's wheel
+    /// ([`peers::Peer::wait_taken_in`]), not when the last producer returns.
+    pub(crate) taken_in: bool,
+}
+
+impl Shape {
+    /// The classic columns: pinned producers, empty closures.
+    pub(crate) const PINNED_EMPTY: Shape = Shape {
+        pinned: true,
+        boxed: false,
+        taken_in: false,
+    };
+    /// The users' conditions: unpinned producers, boxed closures, the window closed
+    /// when the peer has every timer in its wheel.
+    pub(crate) const USERS: Shape = Shape {
+        pinned: false,
+        boxed: true,
+        taken_in: true,
+    };
+}
+
+/// [`schedule_rate_on`] with producers and callbacks as `shape` says.
+pub(crate) fn schedule_rate_shaped(
+    peer: &peers::Peer,
+    threads: usize,
+    cancel: bool,
+    shape: Shape,
+) -> (f64, f64) {
     const TIMERS: usize = 1_000_000;
     let per = TIMERS / threads;
     let barrier = std::sync::Barrier::new(threads + 1);
@@ -337,12 +382,23 @@ pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool)
             .map(|producer| {
                 let barrier = &barrier;
                 scope.spawn(move || {
-                    peers::pin_producer(producer);
+                    if shape.pinned {
+                        peers::pin_producer(producer);
+                    }
                     let mut kept = Vec::with_capacity(if cancel { 0 } else { per });
                     barrier.wait();
                     for i in 0..per {
-                        let handle =
-                            peer.schedule(peers::spread_delay((producer * per + i) as u64), || {});
+                        let index = producer * per + i;
+                        let delay = peers::spread_delay(index as u64);
+                        let handle = if shape.boxed {
+                            let capture = (index as u64, producer as u64);
+                            let callback: Box<dyn FnOnce() + Send> = Box::new(move || {
+                                std::hint::black_box(capture);
+                            });
+                            peer.schedule(delay, callback)
+                        } else {
+                            peer.schedule(delay, || {})
+                        };
                         if cancel {
                             peer.cancel(&handle);
                         } else {
@@ -358,6 +414,12 @@ pub(crate) fn schedule_rate_on(peer: &peers::Peer, threads: usize, cancel: bool)
         let cpu = CpuMeter::start();
         let start = Instant::now();
         barrier.wait();
+        if shape.taken_in {
+            assert!(
+                peer.wait_taken_in((per * threads) as u64, Duration::from_secs(60)),
+                "the peer had not taken its timers in 60 s after the producers ended"
+            );
+        }
         let elapsed = start.elapsed();
         let cpu_ns = cpu.ns_per(per * threads);
         for producer in producers {
@@ -517,6 +579,9 @@ pub(crate) struct CompareReport {
     /// Per peer, per column (schedule at each producer count, then schedule+cancel):
     /// every round's timers (pairs) per second and CPU ns per timer, in round order.
     pub(crate) schedule_rounds: Vec<(&'static str, Vec<Rounds>)>,
+    /// schedule and schedule+cancel in the users' conditions: a fresh process per
+    /// cell, unpinned producers, boxed callbacks; quiet, then beside busy loops.
+    pub(crate) conditions: ConditionsReport,
 }
 
 /// Runs every workload on each peer named in `only` (all when empty), `rounds` times
@@ -586,7 +651,15 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         let (plain, cancel) = cpu.split_at(producers.len());
         schedule_cpu_ns.push((kind.name(), plain.to_vec(), cancel.to_vec()));
     }
+    // The users' conditions: the outside peers and both sharded-timer placements.
+    let condition_kinds: Vec<Kind> = kinds
+        .iter()
+        .copied()
+        .filter(|kind| Kind::ALL.contains(kind))
+        .collect();
+    let conditions = conditions::run(&condition_kinds, rounds, quiet);
     let report = CompareReport {
+        conditions,
         rounds,
         rpc: rpc_rows,
         burst: burst_rows,
