@@ -70,6 +70,11 @@ use super::{Cursors, ShardShared, ShardStats};
 /// the next turn, so the bound is also on the callbacks run between two drains.
 pub(crate) const TURN_BUDGET: usize = 1024;
 
+/// The capacity, in entry references, that each of the wheel's lowest slot lists gets
+/// on the shard's own thread ([`ShardCore::anchor_lists`]): 129 lists of 64 references,
+/// 66 KiB per shard.
+const ANCHORED_LIST_CAPACITY: usize = 64;
+
 /// What expiry hands out.
 #[derive(Debug)]
 pub enum Expired {
@@ -148,6 +153,23 @@ impl ShardCore {
     #[cfg(loom)]
     pub fn awaiting(&self) -> usize {
         self.awaiting
+    }
+    /// Gives the wheel's lowest slot lists their vectors on the calling thread (the
+    /// shard's, as it starts), so that their memory belongs to the shard thread's
+    /// allocator arena wherever they later grow.
+    ///
+    /// With glibc, a block is reallocated and freed in the arena of the thread that
+    /// allocated it. A slot list first grown by a producer filing directly lives in
+    /// that producer's arena, and when the shard later grows it (a cascade filling the
+    /// level below) glibc first consolidates that arena's fast bins: every small block
+    /// the producer allocated that others freed since, such as the boxed callbacks of
+    /// timers that fired, or, in a thread that inherited the arena of an exited one,
+    /// all of that thread's garbage. The firehose row (2 producers filing without
+    /// pause) measured 5-20 ms of a shard's CPU per such cascade, and the timers due
+    /// meanwhile that late. Anchored here, a list grows in the shard's own arena,
+    /// which [`settle_allocator`](super::shard_loop) settled as the thread began.
+    pub fn anchor_lists(&mut self) {
+        self.wheel.reserve_lists(ANCHORED_LIST_CAPACITY);
     }
 
     /// The earliest tick with work in the wheel.

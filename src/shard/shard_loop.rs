@@ -155,6 +155,16 @@ impl ShardThread {
         OWN_SHARD.with(|own| own.set(address(&shared)));
         OWN.with(|own| *own.borrow_mut() = Some(Own { link: link.clone() }));
         PEERS.with(|own_peers| *own_peers.borrow_mut() = peers);
+        // The wheel's lowest lists get their memory from this thread's arena
+        // (`ShardCore::anchor_lists`). Not under loom: it is about the allocator, and
+        // one more hold of the token at start would only multiply the models'
+        // interleavings.
+        #[cfg(not(loom))]
+        with_own(|_, held| {
+            if let Some(core) = held.core.as_mut() {
+                core.anchor_lists();
+            }
+        });
         // A rescuer's run of ours that has lasted this long is stuck: we take our
         // queue back (`fired.rs`). Without a watcher nobody else runs it.
         let rescue_after = watcher.as_ref().map_or(u64::MAX, |(_, after)| *after);

@@ -47,6 +47,39 @@ fn prefetch_ahead<S: Store>(store: &S, entries: &[S::Ref], at: usize) {
     }
 }
 
+/// Empties a drained list's vector, every entry handed on, for the list's next fill.
+///
+/// It keeps its capacity unless that is more than [`SHRINK_ABOVE`] times what it just
+/// held (and above [`RETAINED_LIST_CAPACITY`]); then it is cut down to what it held,
+/// or the retained capacity if more. So a slot refilled with about as many entries
+/// each rotation (a level-1 slot under a steady load: tens of thousands) never
+/// reallocates, and a slot that once held a burst gives the memory back at its first
+/// drain after the load fell.
+///
+/// Why not cut every list down at once: a vector is freed or reallocated in the
+/// allocator arena of the thread that first grew it, often a producer that filed
+/// directly; with glibc, freeing or shrinking a block of 64 KiB or more consolidates
+/// that arena's fast bins, which hold every small block its thread allocated and
+/// others freed since (under a firehose, the users' boxed callbacks, freed as they
+/// fire). Cutting each level-1 slot down as it cascaded cost 5–20 ms of the shard's
+/// CPU per cascade in that consolidation (`perf`: `malloc_consolidate` and
+/// `unlink_chunk` over half the shard's time), and timers due just after each 64-tick
+/// boundary waited for it: the firehose row's lateness p99 was 8–10 ms; keeping the
+/// capacity, 2 ms.
+fn recycle<R>(entries: &mut Vec<R>) {
+    let held = entries.len();
+    entries.clear();
+    let keep = held.max(RETAINED_LIST_CAPACITY);
+    if entries.capacity() > keep.saturating_mul(SHRINK_ABOVE) {
+        entries.shrink_to(keep);
+    }
+}
+
+/// [`recycle`] cuts a vector down only when its capacity is more than this many times
+/// what it held: growth by doubling leaves at most 2x, so a list refilled with as
+/// many entries as last time is never cut, and one whose load fell to a quarter is.
+const SHRINK_ABOVE: usize = 4;
+
 /// The list id of the overdue list (entries filed with a deadline `<=` now).
 const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
 
@@ -133,6 +166,20 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         }
     }
 
+    /// Gives every slot list of the two lowest levels, and the overdue list, a vector
+    /// of at least `capacity` references now, allocated by the calling thread (see
+    /// [`ShardCore::anchor_lists`](crate::shard::core::ShardCore::anchor_lists) for
+    /// why a shard does this on its own thread).
+    pub(crate) fn reserve_lists(&mut self, capacity: usize) {
+        for level in self.levels.iter_mut().take(2) {
+            for list in &mut level.slots {
+                list.reserve(capacity.saturating_sub(list.len()));
+            }
+        }
+        self.overdue
+            .reserve(capacity.saturating_sub(self.overdue.len()));
+    }
+
     /// The current tick.
     pub(crate) fn now(&self) -> u64 {
         self.now
@@ -159,7 +206,7 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                 store.set_place(moved, place);
             }
             if batch.next == batch.entries.len() {
-                self.draining = None;
+                self.retire_batch();
             }
             return;
         }
@@ -290,13 +337,8 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
                     break;
                 }
                 // Entries cascade only to lower levels, so this slot is still empty. Its
-                // vector stays, cut down to the retained capacity: a slot that held more
-                // than that (a busy slot of level 0, or a cascading one) grows back from
-                // there next time, one reallocation per doubling above it, instead of
-                // from nothing (the firehose row: vector growth was 18 % of a shard's
-                // time, most of it in the allocator).
-                entries.clear();
-                entries.shrink_to(RETAINED_LIST_CAPACITY);
+                // vector stays for the slot's next fill ([`recycle`]).
+                recycle(&mut entries);
                 self.levels[level].slots[slot] = entries;
             }
             left += reserved;
@@ -344,12 +386,34 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
             next += 1;
             *left -= self.hand_out(store, entry, self.now, expired);
         }
-        if next < entries.len() {
-            let batch = self.draining.as_mut().expect("still draining");
-            batch.entries = entries;
-            batch.next = next;
-        } else {
-            self.draining = None;
+        let batch = self.draining.as_mut().expect("still draining");
+        batch.entries = entries;
+        batch.next = next;
+        if next == batch.entries.len() {
+            self.retire_batch();
+        }
+    }
+
+    /// Ends the draining batch, every entry of it handed out or removed, and gives its
+    /// vector back to the list it came from when that list's own is smaller (that list
+    /// got a fresh, empty vector when the batch was taken, and may have grown a
+    /// little since): a slot that drained as a batch then keeps its capacity for its
+    /// next rotation, as one that drained whole does, instead of growing it again from
+    /// nothing, a reallocation per doubling, while the next cascade refills it (the
+    /// firehose's profile: after every stall that left a batch, the next level-1
+    /// cascade spent more time in the allocator, `malloc_consolidate` included, than
+    /// in the wheel).
+    fn retire_batch(&mut self) {
+        let Some(batch) = self.draining.take() else {
+            return;
+        };
+        let mut recycled = batch.entries;
+        recycle(&mut recycled);
+        let (list, _) = self.list_mut(batch.from);
+        if list.capacity() < recycled.capacity() {
+            // Same entries at the same positions: every store place stays true.
+            recycled.extend_from_slice(list);
+            *list = recycled;
         }
     }
 
@@ -467,6 +531,20 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
             &mut lvl.slots[slot],
             Some((&mut lvl.occupied, 1u64 << slot)),
         )
+    }
+
+    /// The capacity of list `list`'s vector (`level * 64 + slot`, or the overdue list
+    /// at `64 * NUM_LEVELS`).
+    #[cfg(test)]
+    pub(crate) fn list_capacity(&self, list: u16) -> usize {
+        if list == OVERDUE_LIST {
+            return self.overdue.capacity();
+        }
+        let (level, slot) = (
+            list as usize / SLOTS_PER_LEVEL,
+            list as usize % SLOTS_PER_LEVEL,
+        );
+        self.levels[level].slots[slot].capacity()
     }
 
     /// The earliest occupied slot: `(level, slot, first tick of the slot)`.

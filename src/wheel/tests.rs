@@ -293,6 +293,88 @@ fn an_entry_left_due_by_a_bounded_advance_can_still_be_removed() {
     assert_eq!(wheel.next_expiry(), Some(7));
 }
 
+/// A cascading level-1 slot keeps its vector's capacity for its next fill (cutting it
+/// down as it cascaded cost the firehose a glibc arena consolidation per cascade:
+/// `recycle`'s doc); a slot whose load fell well below its capacity gives it back at
+/// its next drain.
+#[test]
+fn a_cascading_slot_keeps_its_capacity_until_its_load_falls() {
+    const SLOT_1_OF_LEVEL_1: u16 = 64 + 1;
+    let mut wheel = TimingWheel::new(0);
+    for i in 0..5_000u64 {
+        wheel.insert(64 + i % 64, i); // level 1, slot 1: ticks 64..128
+    }
+    assert!(wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1) >= 5_000);
+    assert_eq!(drain(&mut wheel, 127).len(), 5_000);
+    assert!(
+        wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1) >= 5_000,
+        "kept for the next fill: {}",
+        wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1)
+    );
+    // The same slot's next fill, one level-2 slot later (ticks 4160..4224), is ten
+    // entries: at its drain the vector is cut down to the retained capacity.
+    assert!(drain(&mut wheel, 4096).is_empty());
+    for i in 0..10u64 {
+        wheel.insert(4200, i);
+    }
+    assert_eq!(drain(&mut wheel, 4300).len(), 10);
+    let capacity = wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1);
+    assert!(
+        (1..4 * 1024).contains(&capacity),
+        "cut down once its load fell: {capacity}"
+    );
+}
+
+/// A slot that drained as a backlog (a bounded advance took it whole) gets its vector
+/// back when the backlog ends, so its next fill does not grow one from nothing.
+#[test]
+fn a_slot_drained_as_a_backlog_gets_its_vector_back() {
+    const SLOT_5_OF_LEVEL_0: u16 = 5;
+    let mut wheel = TimingWheel::new(0);
+    for i in 0..3_000u64 {
+        wheel.insert(5, i);
+    }
+    let mut fired = 0;
+    assert!(!wheel.advance_bounded(5, 100, &mut |_, _| fired += 1));
+    assert_eq!(
+        wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0),
+        0,
+        "taken as the backlog"
+    );
+    assert!(wheel.advance_bounded(5, usize::MAX, &mut |_, _| fired += 1));
+    assert_eq!(fired, 3_000);
+    assert!(
+        wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0) >= 3_000,
+        "given back: {}",
+        wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0)
+    );
+    // Entries filed in the same list while the backlog drained (the overdue list here)
+    // move into the returned vector at the positions they had: still removable, still
+    // yielded once.
+    let mut wheel = TimingWheel::new(10);
+    let keys: Vec<WheelKey> = (0..3_000u64).map(|i| wheel.insert(3, i)).collect();
+    let mut yielded = 0;
+    assert!(!wheel.advance_bounded(10, 100, &mut |_, _| yielded += 1));
+    assert_eq!(yielded, 100);
+    let (a, b) = (wheel.insert(4, 1_000_001), wheel.insert(4, 1_000_002));
+    let removed = keys
+        .iter()
+        .filter(|&&key| wheel.remove(key).is_some())
+        .count();
+    assert_eq!(removed, 2_900, "the backlog ends by its last removal");
+    assert!(
+        wheel.wheel.list_capacity(OVERDUE) >= 3_000,
+        "the overdue list got the backlog's vector back"
+    );
+    assert_eq!(wheel.remove(a), Some(1_000_001));
+    assert_eq!(drain(&mut wheel, 10), [(4, 1_000_002)]);
+    assert_eq!(wheel.remove(b), None);
+    assert!(wheel.is_empty());
+}
+
+/// The overdue list's id in `list_capacity`.
+const OVERDUE: u16 = 64 * 11;
+
 /// Where an inserted deadline lands relative to the wheel's current tick.
 #[derive(Clone, Debug)]
 enum Deadline {
