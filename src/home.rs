@@ -230,20 +230,6 @@ pub(crate) fn home_index(homes: usize) -> usize {
     }
 }
 
-/// The index, among `homes`, of the home a new timer `id` goes to: the calling
-/// thread's core's, as for sleeps, or, where the core is unknown, the one `id`'s hash
-/// picks. By core rather than by hash since producers file directly into their shard's
-/// wheel (`shard/direct.rs`): each wheel then stays in one core's cache and its token
-/// is contended only by its own shard's turns (issue 30 measured 2 producers on 2
-/// cores: schedule 6.2 → 10.1 M/s, schedule+cancel 4.7 → 8.2 M pairs/s, CPU per pair
-/// 420 → 215 ns; 16 producers on 16 cores: 26 → 71 M/s).
-pub(crate) fn route(homes: usize, id: TimerId) -> usize {
-    match current_cpu() {
-        Some(cpu) => cpu % homes,
-        None => id.shard_index(homes),
-    }
-}
-
 impl<K> AsRef<Home<K>> for CoreHome<K> {
     fn as_ref(&self) -> &Home<K> {
         &self.home

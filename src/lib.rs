@@ -230,6 +230,7 @@ mod limit;
     )
 )]
 mod ring;
+mod routing;
 #[cfg_attr(
     not(loom),
     allow(
@@ -284,6 +285,7 @@ pub mod __loom {
 }
 pub use handle::{TimerHandle, Unfired};
 pub use id::{TimerId, TimerState};
+pub use routing::Routing;
 pub use stats::{LatenessHistogram, ShardLoad, Stats};
 #[cfg(not(loom))]
 pub use time::{global, EnterGuard};

@@ -1,5 +1,5 @@
-//! [`ShardedTimer`], the service façade that routes each timer to the shard of the
-//! calling thread's core (by the hash of its id where the core is unknown), and
+//! [`ShardedTimer`], the service façade that routes each timer to a shard by its
+//! [`Routing`] (the calling thread's core's, by default), and
 //! [`Inner`], the state its clones share. Beside it: its [`Builder`] (`builder.rs`),
 //! its shutdown and the joining of its threads (`shutdown.rs`), and its counters,
 //! `stats` and `record_metrics` (`counters.rs`).
@@ -22,9 +22,10 @@ use crate::entry::{EntryRef, HandleOptions};
 use crate::error::ScheduleError;
 use crate::executor::Executor;
 use crate::handle::TimerHandle;
-use crate::home::{home_index, route, CoreHome, Users};
+use crate::home::{home_index, CoreHome, Users};
 use crate::id::TimerId;
 use crate::limit::PendingLimit;
+use crate::routing::Routing;
 use crate::shard::ShardShared;
 #[cfg(feature = "metrics")]
 use crate::stats::LatenessHistogram;
@@ -32,7 +33,7 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// State shared by every clone of a [`ShardedTimer`].
 pub(crate) struct Inner {
-    /// The shards; shard `k` is pinned to core `k` (`home::route`).
+    /// The shards; shard `k` is pinned to core `k` (`routing.rs`).
     shards: Box<[Arc<ShardShared>]>,
     /// Ticks ↔ instants.
     clock: Clock,
@@ -50,6 +51,8 @@ pub(crate) struct Inner {
     threads: Mutex<Option<Threads>>,
     /// The configured tick, for `Debug`.
     tick: Duration,
+    /// Which shard a new timer goes to.
+    routing: Routing,
     /// The lateness histogram as last exported, so the next export records only what
     /// came since (`std`'s mutex: taken only by `record_metrics`, never under loom).
     #[cfg(feature = "metrics")]
@@ -169,7 +172,7 @@ impl ShardedTimer {
     }
 
     /// Schedules `f` at `deadline` (nanoseconds from tick 0): allocate the entry, route
-    /// it to the calling thread's core's shard, file it there.
+    /// it to a shard by the service's [`Routing`], file it there.
     fn schedule_ns<F>(&self, deadline: Nanos, f: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
@@ -314,7 +317,7 @@ impl ShardedTimer {
     /// Checks the service is up and (if the timer `holds_room`) has room, makes the
     /// entry due at `deadline` (nanoseconds from tick 0; `make` gets its id and the
     /// options its handles honour, to keep in the entry), routes it
-    /// to the shard of the calling thread's core (`home::route`) and files it there.
+    /// to a shard by the service's [`Routing`] and files it there.
     fn enqueue(
         &self,
         deadline: Nanos,
@@ -328,9 +331,9 @@ impl ShardedTimer {
             return Err(ScheduleError::Shutdown);
         }
         let id = TimerId::next();
-        // The calling thread's core's shard (`home::route`).
+        // The shard the service's routing picks (`routing.rs`).
         let homes = self.users.homes();
-        let home = &homes[route(homes.len(), id)];
+        let home = &homes[inner.routing.shard(homes.len(), id)];
         home.enqueue(id, deadline, holds_room, make)
     }
 

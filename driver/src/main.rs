@@ -122,7 +122,7 @@ struct Args {
     /// --compare (and the net workload): peers to run, by name, comma-separated
     /// [default: all]
     #[arg(long, value_delimiter = ',', value_parser = [
-        "sharded-timer", "sharded-unpinned", "sharded-inline", "sharded-spawn",
+        "sharded-timer", "sharded-unpinned", "sharded-by-id", "sharded-inline", "sharded-spawn",
         "tokio", "tokio-timeout", "heap", "netty-style", "pingora",
     ])]
     peers: Vec<String>,

@@ -14,7 +14,7 @@ mod tokio_timer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sharded_timer::{Callbacks, ShardedTimer, TimerHandle};
+use sharded_timer::{Callbacks, Routing, ShardedTimer, TimerHandle};
 
 pub use heap::HeapTimer;
 pub use netty::NettyTimer;
@@ -27,6 +27,9 @@ pub enum Kind {
     Sharded,
     /// sharded-timer with `pin_cores(false)`.
     ShardedUnpinned,
+    /// sharded-timer with `routing(Routing::ById)`: each timer to the shard its id's
+    /// hash picks, instead of the calling thread's core's.
+    ShardedById,
     /// sharded-timer with `Callbacks::inline()`: callbacks on the shard threads.
     ShardedInline,
     /// sharded-timer with `Callbacks::spawn`, each callback spawned as its own job on
@@ -58,6 +61,7 @@ impl Kind {
         match self {
             Kind::Sharded => "sharded-timer",
             Kind::ShardedUnpinned => "sharded-unpinned",
+            Kind::ShardedById => "sharded-by-id",
             Kind::ShardedInline => "sharded-inline",
             Kind::ShardedSpawn => "sharded-spawn",
             Kind::Tokio => "tokio",
@@ -70,9 +74,11 @@ impl Kind {
     /// Bytes of the handle a caller keeps per timer: the peer's own handle type.
     pub fn handle_size(self) -> usize {
         match self {
-            Kind::Sharded | Kind::ShardedUnpinned | Kind::ShardedInline | Kind::ShardedSpawn => {
-                std::mem::size_of::<TimerHandle>()
-            }
+            Kind::Sharded
+            | Kind::ShardedUnpinned
+            | Kind::ShardedById
+            | Kind::ShardedInline
+            | Kind::ShardedSpawn => std::mem::size_of::<TimerHandle>(),
             Kind::Tokio | Kind::TokioTimeout => std::mem::size_of::<TokioHandle>(),
             Kind::Heap => std::mem::size_of::<Arc<once::OnceTask>>(),
             Kind::NettyStyle => std::mem::size_of::<Arc<netty::Timeout>>(),
@@ -90,6 +96,12 @@ impl Kind {
             Kind::ShardedUnpinned => Peer::Sharded(
                 ShardedTimer::builder()
                     .pin_cores(false)
+                    .build()
+                    .expect("sharded-timer starts"),
+            ),
+            Kind::ShardedById => Peer::Sharded(
+                ShardedTimer::builder()
+                    .routing(Routing::ById)
                     .build()
                     .expect("sharded-timer starts"),
             ),

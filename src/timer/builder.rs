@@ -13,6 +13,7 @@ use crate::error::BuildError;
 use crate::executor::{thread_name, Executor};
 use crate::home::{CoreHome, Users};
 use crate::limit::PendingLimit;
+use crate::routing::Routing;
 use crate::shard::{ShardShared, ShardThread};
 use crate::sync::{thread, Arc, AtomicBool, AtomicU64, Mutex};
 
@@ -59,6 +60,8 @@ pub struct Builder {
     /// Start the pool's workers with the first batch handed to it, not at build
     /// (the process-wide service's, `time.rs`).
     pool_on_demand: bool,
+    /// Which shard a new timer goes to.
+    routing: Routing,
 }
 
 impl Default for Builder {
@@ -74,6 +77,7 @@ impl Default for Builder {
             clock: None,
             rescue_after: None,
             pool_on_demand: false,
+            routing: Routing::default(),
         }
     }
 }
@@ -121,6 +125,15 @@ impl Builder {
     /// last call of this and [`executor_threads`](Self::executor_threads) wins.
     pub fn callbacks(mut self, callbacks: Callbacks) -> Self {
         self.callbacks = Some(callbacks);
+        self
+    }
+
+    /// Which shard a new timer goes to: [`Routing::ByCore`] (the calling thread's
+    /// core's, the default) or [`Routing::ById`] (the hash of its id). Either way the
+    /// caller files it into that shard's wheel itself when the shard's token is free.
+    /// Sleeps and timeouts go to their core's shard under both (see [`Routing`]).
+    pub fn routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
         self
     }
 
@@ -384,6 +397,7 @@ impl Builder {
                 workers: worker_threads,
             })),
             tick: self.tick,
+            routing: self.routing,
         });
         // The homes are held by the service's users, not by the service (`home.rs`).
         let users = Arc::new(Users::new(homes, inner.clone()));

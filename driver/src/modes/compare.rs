@@ -651,11 +651,12 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         let (plain, cancel) = cpu.split_at(producers.len());
         schedule_cpu_ns.push((kind.name(), plain.to_vec(), cancel.to_vec()));
     }
-    // The users' conditions: the outside peers and both sharded-timer placements.
-    let condition_kinds: Vec<Kind> = kinds
-        .iter()
-        .copied()
-        .filter(|kind| Kind::ALL.contains(kind))
+    // The users' conditions: the outside peers, both sharded-timer placements, and
+    // sharded-timer routing by id (issue 41: the routing's default is chosen here).
+    let condition_kinds: Vec<Kind> = Kind::ALL
+        .into_iter()
+        .chain([Kind::ShardedById])
+        .filter(|k| only.is_empty() || only.iter().any(|name| name == k.name()))
         .collect();
     let conditions = conditions::run(&condition_kinds, rounds, quiet);
     let report = CompareReport {

@@ -254,7 +254,12 @@ fn parse_spec(spec: &str) -> Result<(Kind, usize, bool), String> {
     };
     let kind = Kind::ALL
         .into_iter()
-        .chain([Kind::TokioTimeout, Kind::ShardedInline, Kind::ShardedSpawn])
+        .chain([
+            Kind::TokioTimeout,
+            Kind::ShardedInline,
+            Kind::ShardedSpawn,
+            Kind::ShardedById,
+        ])
         .find(|kind| kind.name() == name)
         .ok_or_else(|| format!("--cold-cell: no peer named {name:?}"))?;
     let producers: usize =
