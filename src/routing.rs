@@ -22,9 +22,10 @@ use crate::sync::current_cpu;
 /// The default, [`ByCore`](Routing::ByCore), was chosen by `--compare`'s users'
 /// conditions (a fresh process per run, unpinned producers, boxed callbacks, quiet
 /// and beside busy loops; `docs/benchmarks.md`, the `sharded-by-id` rows). On 2
-/// cores, medians of 3 runs, ByCore against ById: schedule and schedule+cancel at 2
-/// and 8 producers 1.2–1.5× the rate at 0.66–0.92× the CPU per timer, quiet and
-/// busy; at 1 producer level (0.99–1.2×). Prefer `ById` where load must spread
+/// cores, in 12 columns (schedule and schedule+cancel at 1, 2 and 8 producers, quiet
+/// and busy), ByCore against ById: ahead in 8 (1.03–1.64× the rate, at 0.62–0.96× the
+/// CPU per timer; 1.18–1.64× wherever 2 or 8 producers run quiet), level in 3, behind
+/// in 1 (1 producer, busy: 0.86× the rate at 0.99× the CPU). Prefer `ById` where load must spread
 /// evenly over the shards although a few threads, kept on one core, make most
 /// timers (each shard's load is in [`Stats::shards`](crate::Stats::shards)).
 ///
