@@ -12,8 +12,10 @@ use crate::id::TimerId;
 use crate::sync::current_cpu;
 
 /// Which shard a new timer scheduled through [`ShardedTimer::schedule`],
-/// [`schedule_at`](crate::ShardedTimer::schedule_at) or
-/// [`schedule_repeating`](crate::ShardedTimer::schedule_repeating) goes to.
+/// [`schedule_at`](crate::ShardedTimer::schedule_at),
+/// [`schedule_repeating`](crate::ShardedTimer::schedule_repeating) or
+/// [`schedule_with_fixed_delay`](crate::ShardedTimer::schedule_with_fixed_delay) goes
+/// to.
 ///
 /// Sleeps and timeouts ([`ShardedTimer::sleep`], the `time` namespace) go to the
 /// shard of the core they are made on under either policy: a sleep holds its core's
@@ -34,9 +36,10 @@ use crate::sync::current_cpu;
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub enum Routing {
     /// By the hash of the timer's [`TimerId`] (Fibonacci hashing of the id without its
-    /// low 6 bits, so each run of 64 consecutive timers of one thread goes to one
-    /// shard and successive runs spread over all of them): load spreads evenly over
-    /// the shards whichever threads schedule, and however the OS moves them.
+    /// low 6 bits, scaled to the shard count: each run of 64 consecutive timers of one
+    /// thread goes to one shard, and any 2 × `shards` successive runs reach every
+    /// shard, whatever their count): load spreads evenly over the shards whichever
+    /// threads schedule, and however the OS moves them.
     ById,
     /// To the shard of the core the calling thread runs on (`sched_getcpu`; shard `k`
     /// is pinned to core `k`), as Linux, Go and Erlang/OTP insert timers on the local

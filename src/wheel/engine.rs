@@ -47,38 +47,26 @@ fn prefetch_ahead<S: Store>(store: &S, entries: &[S::Ref], at: usize) {
     }
 }
 
-/// Empties a drained list's vector, every entry handed on, for the list's next fill.
+/// Empties a drained list's vector, every entry handed on, and cuts it down to
+/// [`RETAINED_LIST_CAPACITY`] places: a slot that held more (a busy slot of level 0, or
+/// a cascading one) grows back from there next time, one reallocation per doubling
+/// above it, instead of from nothing; and memory follows the entries held, not the peak
+/// of every slot.
 ///
-/// It keeps its capacity unless that is more than [`SHRINK_ABOVE`] times what it just
-/// held (and above [`RETAINED_LIST_CAPACITY`]); then it is cut down to what it held,
-/// or the retained capacity if more. So a slot refilled with about as many entries
-/// each rotation (a level-1 slot under a steady load: tens of thousands) never
-/// reallocates, and a slot that once held a burst gives the memory back at its first
-/// drain after the load fell.
-///
-/// Why not cut every list down at once: a vector is freed or reallocated in the
-/// allocator arena of the thread that first grew it, often a producer that filed
-/// directly; with glibc, freeing or shrinking a block of 64 KiB or more consolidates
-/// that arena's fast bins, which hold every small block its thread allocated and
-/// others freed since (under a firehose, the users' boxed callbacks, freed as they
-/// fire). Cutting each level-1 slot down as it cascaded cost 5–20 ms of the shard's
-/// CPU per cascade in that consolidation (`perf`: `malloc_consolidate` and
-/// `unlink_chunk` over half the shard's time), and timers due just after each 64-tick
-/// boundary waited for it: the firehose row's lateness p99 was 8–10 ms; keeping the
-/// capacity, 2 ms.
+/// The shrink frees the vector's tail in the allocator arena of the thread that
+/// allocated the vector; with glibc, a free of 64 KiB or more first consolidates that
+/// arena's fast bins. For the lowest levels that arena is the shard's own
+/// ([`Wheel::reserve_lists`], called by the shard as it starts), whose fast bins stay
+/// nearly empty. Before that, a list first grown by a producer filing directly lived
+/// in the producer's arena, full of the boxed callbacks freed as their timers fired,
+/// and each level-1 cascade paid 5–20 ms of the shard's CPU for its consolidation
+/// (docs/architecture.md, the wheel). Keeping every list's capacity instead was as fast
+/// under a firehose but kept up to a burst's worth of memory in every slot it had
+/// passed through, never given back (`tests/audit_round4.rs`'s memory test failed).
 fn recycle<R>(entries: &mut Vec<R>) {
-    let held = entries.len();
     entries.clear();
-    let keep = held.max(RETAINED_LIST_CAPACITY);
-    if entries.capacity() > keep.saturating_mul(SHRINK_ABOVE) {
-        entries.shrink_to(keep);
-    }
+    entries.shrink_to(RETAINED_LIST_CAPACITY);
 }
-
-/// [`recycle`] cuts a vector down only when its capacity is more than this many times
-/// what it held: growth by doubling leaves at most 2x, so a list refilled with as
-/// many entries as last time is never cut, and one whose load fell to a quarter is.
-const SHRINK_ABOVE: usize = 4;
 
 /// The list id of the overdue list (entries filed with a deadline `<=` now).
 const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
@@ -395,14 +383,12 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
     }
 
     /// Ends the draining batch, every entry of it handed out or removed, and gives its
-    /// vector back to the list it came from when that list's own is smaller (that list
-    /// got a fresh, empty vector when the batch was taken, and may have grown a
-    /// little since): a slot that drained as a batch then keeps its capacity for its
-    /// next rotation, as one that drained whole does, instead of growing it again from
-    /// nothing, a reallocation per doubling, while the next cascade refills it (the
-    /// firehose's profile: after every stall that left a batch, the next level-1
-    /// cascade spent more time in the allocator, `malloc_consolidate` included, than
-    /// in the wheel).
+    /// vector ([`recycle`]d) back to the list it came from when that list's own is
+    /// smaller (that list got a fresh, empty vector when the batch was taken, and may
+    /// have grown a little since): a slot that drained as a batch then keeps its
+    /// retained capacity, and the vector the shard allocated for it
+    /// ([`reserve_lists`](Self::reserve_lists)), as one that drained whole does,
+    /// instead of growing a new one from nothing, possibly in a producer's arena.
     fn retire_batch(&mut self) {
         let Some(batch) = self.draining.take() else {
             return;

@@ -22,10 +22,10 @@ pub(crate) const NUM_LEVELS: usize = 11;
 /// Mask of the slot bits within one level.
 const SLOT_MASK: u64 = SLOTS_PER_LEVEL as u64 - 1;
 
-/// A drained slot list always keeps its allocation for reuse up to this many indices;
-/// above it, only up to a few times what it last held (the engine's `recycle`), so
-/// memory follows the load rather than the peak of every slot (a high level's slot
-/// can briefly hold millions).
+/// A drained slot list keeps its allocation for reuse up to this many indices; a
+/// larger one is shrunk to it (the engine's `recycle`), so memory follows the entries
+/// held rather than the peak of every slot (a high level's slot can briefly hold
+/// millions).
 pub(crate) const RETAINED_LIST_CAPACITY: usize = 1024;
 
 /// One level: the entry references held in each slot and a bitmap of the non-empty

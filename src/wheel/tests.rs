@@ -293,12 +293,11 @@ fn an_entry_left_due_by_a_bounded_advance_can_still_be_removed() {
     assert_eq!(wheel.next_expiry(), Some(7));
 }
 
-/// A cascading level-1 slot keeps its vector's capacity for its next fill (cutting it
-/// down as it cascaded cost the firehose a glibc arena consolidation per cascade:
-/// `recycle`'s doc); a slot whose load fell well below its capacity gives it back at
-/// its next drain.
+/// A drained slot keeps the retained capacity and no more, however many entries it
+/// held: memory follows the entries held (a slot that once held a burst does not keep
+/// it), and the next fill starts from the retained places, not from nothing.
 #[test]
-fn a_cascading_slot_keeps_its_capacity_until_its_load_falls() {
+fn a_drained_slot_keeps_the_retained_capacity_and_no_more() {
     const SLOT_1_OF_LEVEL_1: u16 = 64 + 1;
     let mut wheel = TimingWheel::new(0);
     for i in 0..5_000u64 {
@@ -306,23 +305,13 @@ fn a_cascading_slot_keeps_its_capacity_until_its_load_falls() {
     }
     assert!(wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1) >= 5_000);
     assert_eq!(drain(&mut wheel, 127).len(), 5_000);
-    assert!(
-        wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1) >= 5_000,
-        "kept for the next fill: {}",
-        wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1)
-    );
-    // The same slot's next fill, one level-2 slot later (ticks 4160..4224), is ten
-    // entries: at its drain the vector is cut down to the retained capacity.
-    assert!(drain(&mut wheel, 4096).is_empty());
-    for i in 0..10u64 {
-        wheel.insert(4200, i);
-    }
-    assert_eq!(drain(&mut wheel, 4300).len(), 10);
     let capacity = wheel.wheel.list_capacity(SLOT_1_OF_LEVEL_1);
     assert!(
-        (1..4 * 1024).contains(&capacity),
-        "cut down once its load fell: {capacity}"
+        (1024..2 * 1024).contains(&capacity),
+        "cut down to the retained capacity: {capacity}"
     );
+    // Each level-0 slot held about 78 of them (tick 64's fired in the cascade): kept.
+    assert!(wheel.wheel.list_capacity(1) >= 78);
 }
 
 /// A slot that drained as a backlog (a bounded advance took it whole) gets its vector
@@ -343,10 +332,10 @@ fn a_slot_drained_as_a_backlog_gets_its_vector_back() {
     );
     assert!(wheel.advance_bounded(5, usize::MAX, &mut |_, _| fired += 1));
     assert_eq!(fired, 3_000);
+    let capacity = wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0);
     assert!(
-        wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0) >= 3_000,
-        "given back: {}",
-        wheel.wheel.list_capacity(SLOT_5_OF_LEVEL_0)
+        (1024..2 * 1024).contains(&capacity),
+        "given back, cut down to the retained capacity: {capacity}"
     );
     // Entries filed in the same list while the backlog drained (the overdue list here)
     // move into the returned vector at the positions they had: still removable, still
@@ -363,7 +352,7 @@ fn a_slot_drained_as_a_backlog_gets_its_vector_back() {
         .count();
     assert_eq!(removed, 2_900, "the backlog ends by its last removal");
     assert!(
-        wheel.wheel.list_capacity(OVERDUE) >= 3_000,
+        wheel.wheel.list_capacity(OVERDUE) >= 1024,
         "the overdue list got the backlog's vector back"
     );
     assert_eq!(wheel.remove(a), Some(1_000_001));
