@@ -24,12 +24,14 @@ use crate::sync::current_cpu;
 /// The default, [`ByCore`](Routing::ByCore), was chosen by `--compare`'s users'
 /// conditions (a fresh process per run, unpinned producers, boxed callbacks, quiet
 /// and beside busy loops; `docs/benchmarks.md`, the `sharded-by-id` rows). On 2
-/// cores, in 12 columns (schedule and schedule+cancel at 1, 2 and 8 producers, quiet
-/// and busy), ByCore against ById: ahead in 8 (1.03–1.64× the rate, at 0.62–0.96× the
-/// CPU per timer; 1.18–1.64× wherever 2 or 8 producers run quiet), level in 3, behind
-/// in 1 (1 producer, busy: 0.86× the rate at 0.99× the CPU). Prefer `ById` where load must spread
-/// evenly over the shards although a few threads, kept on one core, make most
-/// timers (each shard's load is in [`Stats::shards`](crate::Stats::shards)).
+/// cores, in its 12 columns (schedule and schedule+cancel at 1, 2 and 8 producers,
+/// quiet and busy), ByCore against ById: ahead in 7 (1.02–2.62× the rate at 0.36–1.00×
+/// the CPU per timer), level in 5 (three of the four 1-producer columns among them),
+/// behind in none. An earlier run, before ById's hash was fixed to spread over any
+/// shard count: ahead in 8, level in 3, behind in 1 (1 producer, busy: 0.86×).
+/// Prefer `ById` where load must spread evenly over the shards although a few
+/// threads, kept on one core, make most timers (each shard's load is in
+/// [`Stats::shards`](crate::Stats::shards)).
 ///
 /// [`ShardedTimer::schedule`]: crate::ShardedTimer::schedule
 /// [`ShardedTimer::sleep`]: crate::ShardedTimer::sleep
