@@ -21,6 +21,14 @@ use support::{wait_until, Rng, WAIT};
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// Joins every producer thread and gathers what each returned, in thread order.
+fn joined<T>(threads: Vec<std::thread::JoinHandle<Vec<T>>>) -> Vec<T> {
+    threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect()
+}
+
 fn builder(routing: Routing, shards: usize) -> Builder {
     ShardedTimer::builder()
         .shards(shards)
@@ -217,10 +225,7 @@ fn many_threads_on_one_core_by_id_vs_by_core() {
                 })
             })
             .collect();
-        let handles: Vec<_> = threads
-            .into_iter()
-            .flat_map(|t| t.join().unwrap())
-            .collect();
+        let handles = joined(threads);
         let stats = settle(&timer, 6 * PER);
         let per_shard = shard_pending(&stats);
         match routing {
@@ -484,10 +489,7 @@ fn by_id_concurrent_schedule_and_cancel_is_exact() {
         })
         .collect();
     drop(txs);
-    let handles: Vec<_> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let handles = joined(threads);
     let total = (THREADS * PER) as u64;
     let ok = wait_until(WAIT, || {
         recs.iter()
@@ -657,10 +659,7 @@ fn one_shard_by_id() {
             })
         })
         .collect();
-    let long: Vec<_> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let long = joined(threads);
     assert!(wait_until(WAIT, || fired.load(Ordering::SeqCst) == 2000));
     let stats = settle(&timer, 2000);
     assert_eq!(stats.shards.len(), 1);
@@ -723,10 +722,7 @@ fn manual_clock_by_id_fires_each_timer_exactly_at_its_deadline() {
             })
         })
         .collect();
-    let handles: Vec<_> = threads
-        .into_iter()
-        .flat_map(|t| t.join().unwrap())
-        .collect();
+    let handles = joined(threads);
     let per_shard = shard_pending(&settle(&timer, N as u64));
     assert!(
         per_shard.iter().all(|&p| p > 0),

@@ -69,7 +69,7 @@ fn recycle<R>(entries: &mut Vec<R>) {
 }
 
 /// The list id of the overdue list (entries filed with a deadline `<=` now).
-const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
+pub(super) const OVERDUE_LIST: u16 = (NUM_LEVELS * SLOTS_PER_LEVEL) as u16;
 
 /// Where an entry sits in the wheel: which list, and its index in that list's vector.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -519,18 +519,10 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         )
     }
 
-    /// The capacity of list `list`'s vector (`level * 64 + slot`, or the overdue list
-    /// at `64 * NUM_LEVELS`).
+    /// The capacity of list `list`'s vector (`level * 64 + slot`, or [`OVERDUE_LIST`]).
     #[cfg(test)]
-    pub(crate) fn list_capacity(&self, list: u16) -> usize {
-        if list == OVERDUE_LIST {
-            return self.overdue.capacity();
-        }
-        let (level, slot) = (
-            list as usize / SLOTS_PER_LEVEL,
-            list as usize % SLOTS_PER_LEVEL,
-        );
-        self.levels[level].slots[slot].capacity()
+    pub(crate) fn list_capacity(&mut self, list: u16) -> usize {
+        self.list_mut(list).0.capacity()
     }
 
     /// The earliest occupied slot: `(level, slot, first tick of the slot)`.

@@ -24,6 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 
+use super::engine::OVERDUE_LIST;
 use super::{TimingWheel, WheelKey};
 
 fn drain(wheel: &mut TimingWheel<u64>, now: u64) -> Vec<(u64, u64)> {
@@ -352,7 +353,7 @@ fn a_slot_drained_as_a_backlog_gets_its_vector_back() {
         .count();
     assert_eq!(removed, 2_900, "the backlog ends by its last removal");
     assert!(
-        wheel.wheel.list_capacity(OVERDUE) >= 1024,
+        wheel.wheel.list_capacity(OVERDUE_LIST) >= 1024,
         "the overdue list got the backlog's vector back"
     );
     assert_eq!(wheel.remove(a), Some(1_000_001));
@@ -360,9 +361,6 @@ fn a_slot_drained_as_a_backlog_gets_its_vector_back() {
     assert_eq!(wheel.remove(b), None);
     assert!(wheel.is_empty());
 }
-
-/// The overdue list's id in `list_capacity`.
-const OVERDUE: u16 = 64 * 11;
 
 /// Where an inserted deadline lands relative to the wheel's current tick.
 #[derive(Clone, Debug)]
