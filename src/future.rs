@@ -27,7 +27,10 @@ use crate::{ScheduleError, ShardedTimer};
 ///
 /// `Send + Unpin`; needs no particular runtime. Dropping it cancels its timer and
 /// wakes nobody (so a dropped `Sleep` leaves nothing pending, and a task dropping it
-/// while holding a lock its waker takes cannot deadlock). It keeps its service
+/// while holding a lock its waker takes cannot deadlock). Only a timer already firing
+/// when the drop begins (its deadline passed) can still wake the dropped sleep's task,
+/// once, just after the drop returns, as tokio's driver can: it wakes outside its
+/// lock. It keeps its service
 /// running (dropping the last `ShardedTimer` does not shut down a service a sleep
 /// waits on), so that it fires and [`reset`](Sleep::reset) can re-arm it after it
 /// completed; it does so without touching the service's shared reference count: it

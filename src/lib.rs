@@ -108,7 +108,8 @@
 //!    bounds `schedule*` and the `try_*` constructors only.
 //! 10. **Dropping a future only cancels.** Dropping (or re-arming) a pending
 //!     [`Sleep`], [`Timeout`] or [`Interval`] cancels its timer and wakes nobody; only
-//!     a shutdown wakes a waiting task.
+//!     a shutdown wakes a waiting task. (A timer already firing when the drop begins
+//!     may still land its one wake just after the drop returns, as tokio's can.)
 //! 11. **One deadline.** `deadline()` is the instant asked for everywhere
 //!     ([`TimerHandle`], [`Unfired`], [`Callback`], [`Sleep`]).
 //! 12. **Limits that fit in memory.** Any number of [`TimerHandle`] clones works:
