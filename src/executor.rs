@@ -451,6 +451,14 @@ impl<T> Executor<T> {
         self.shared.panicked[0].fetch_add(ran_panicked, Ordering::Relaxed);
     }
 
+    /// Counts a task of the pool's service that panicked outside the pool (a wake
+    /// the shard ran on its own thread), so that [`panicked`](Self::panicked) counts
+    /// every one.
+    pub fn count_panicked(&self) {
+        // ORDERING: Relaxed: a statistic, as in `run_queued_here`.
+        self.shared.panicked[0].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Tasks that panicked so far (exact at quiescence).
     pub fn panicked(&self) -> u64 {
         self.shared

@@ -65,12 +65,15 @@ use crate::{ScheduleError, ShardedTimer};
 ///
 /// # Which thread wakes the task
 ///
-/// The thread that fires the timer: with [`Callbacks::pool`](crate::Callbacks::pool)
-/// (the default) a pool worker, with [`Callbacks::inline`](crate::Callbacks::inline)
-/// the shard thread itself, with a spawner the thread your spawner runs the
-/// [`Callback`](crate::Callback) on. A wake only schedules the task on its own
-/// executor, so for an async-only program `Callbacks::inline()` is the cheapest choice:
-/// a sleep's callback is one wake, with no hand-off to a pool.
+/// The shard thread that fires the timer, whatever the
+/// [`Callbacks`](crate::Callbacks) (as tokio's timer driver wakes tasks on its own
+/// thread): a wake only schedules the task on its own executor, so a hand-off to a
+/// pool or a spawner would only add a second thread's wake-up. If that shard is stuck
+/// (a waker that blocks, an inline callback), the shard that watches it wakes the
+/// tasks instead, after [`Builder::rescue_after`](crate::Builder::rescue_after).
+/// Where no shard watches another (one shard, `rescue_after(None)`, a
+/// [`ManualClock`](crate::ManualClock)), the wake leaves as the mode says instead (a
+/// pool worker, your spawner), so that a waker that blocks holds no shard.
 #[must_use = "a Sleep does nothing unless polled, and dropping it cancels its timer"]
 pub struct Sleep {
     /// The home of the core the sleep was made on: keeps the service alive and

@@ -486,6 +486,7 @@ fn schedule_racing_shutdown_accounts_for_every_timer() {
                         pin_to(k as usize);
                         let mut rng = Rng::new(round * 7 + k + 1);
                         let mut oks: Vec<(TimerHandle, Arc<AtomicUsize>)> = Vec::new();
+                        let began = Instant::now();
                         loop {
                             let mine = Arc::new(AtomicUsize::new(0));
                             let (counter, total) = (mine.clone(), runs.clone());
@@ -508,8 +509,17 @@ fn schedule_racing_shutdown_accounts_for_every_timer() {
                                 Err(ScheduleError::Shutdown) => break,
                                 Err(other) => panic!("unexpected refusal {other:?}"),
                             }
+                            // Past 20,000 timers, slow down rather than fail: on a
+                            // loaded machine the closers may wait for a core while
+                            // these pinned producers run (a full test run beside
+                            // another test binary once got 20,000 in first). The
+                            // bound that fails: no refusal within WAIT.
                             if oks.len() > 20_000 {
-                                panic!("shutdown never refused a schedule");
+                                assert!(
+                                    began.elapsed() < WAIT,
+                                    "shutdown never refused a schedule"
+                                );
+                                std::thread::sleep(Duration::from_micros(100));
                             }
                         }
                         assert_eq!(

@@ -26,12 +26,15 @@ use super::{Callback, Spawner};
 ///   `spawn_blocking`, a queue) and returns. `f` should be quick: it runs on the shard.
 ///
 /// **Futures.** A [`Sleep`](crate::Sleep), [`Timeout`](crate::Timeout) or
-/// [`Interval`](crate::Interval) tick is woken by its timer's callback, so the thread
-/// that wakes the task is the one these modes name: a pool worker, the shard thread
-/// (inline), or wherever your spawner runs the `Callback`. The callback only calls
-/// the task's waker, which schedules the task on its own executor; so a program that
-/// uses the timer only through futures should pick `inline()`: one wake per timer, no
-/// hand-off to a pool and no pool threads at all.
+/// [`Interval`](crate::Interval) tick is woken on the shard thread that fired its
+/// timer in every mode (its shard's rescuer if that shard is stuck), as tokio's timer
+/// driver wakes tasks on its own thread: the wake only schedules the task on its own
+/// executor, and a hand-off would add a second thread's wake-up per timer. So these
+/// modes decide where `schedule*` callbacks run. Where no shard watches another (one
+/// shard, [`Builder::rescue_after`](crate::Builder::rescue_after)`(None)`, a
+/// [`ManualClock`](crate::ManualClock)), a wake leaves as the mode says, as a callback
+/// does: nothing would rescue a shard stuck in a waker. A program that uses the timer
+/// only through futures may pick `inline()` all the same: it starts no pool threads.
 ///
 /// What [`shutdown`](crate::ShardedTimer::shutdown) waits for: with the pool, every
 /// callback already handed to it; inline, every callback already fired (a callback

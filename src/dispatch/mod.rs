@@ -34,6 +34,9 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 pub(crate) enum ShardTask {
     /// A one-shot timer that fired.
     Fired(FiredEntry),
+    /// A future's timer that fired (its run only wakes a task), to run on the shard
+    /// thread in every mode (`ShardLink`'s `wakes_here`).
+    Wake(FiredEntry),
     /// One run of a repeating timer.
     Run(RunTask),
     /// One end of a pool batch under a manual clock (`src/clock/manual.rs`).
@@ -43,7 +46,7 @@ pub(crate) enum ShardTask {
 impl Task for ShardTask {
     fn run(self) {
         match self {
-            ShardTask::Fired(task) => task.run(),
+            ShardTask::Fired(task) | ShardTask::Wake(task) => task.run(),
             ShardTask::Run(task) => task.run(),
             ShardTask::Mark(mark) => mark.run(),
         }
@@ -59,7 +62,7 @@ impl ShardTask {
     /// `None` for a mark.
     pub(crate) fn timer(&self) -> Option<(crate::id::TimerId, Nanos)> {
         match self {
-            ShardTask::Fired(task) => Some((task.id(), task.deadline())),
+            ShardTask::Fired(task) | ShardTask::Wake(task) => Some((task.id(), task.deadline())),
             ShardTask::Run(task) => Some((task.running.id(), task.running.deadline())),
             ShardTask::Mark(_) => None,
         }
@@ -70,7 +73,7 @@ impl ShardTask {
     /// handed over again.
     pub(crate) fn cancel_unrun(self) {
         match self {
-            ShardTask::Fired(task) => drop(task),
+            ShardTask::Fired(task) | ShardTask::Wake(task) => drop(task),
             ShardTask::Run(task) => task.cancel(),
             ShardTask::Mark(mark) => drop(mark),
         }
@@ -158,6 +161,13 @@ impl Dispatch {
     /// Runs or hands over one fired task on this (the shard's) thread. A panic, of
     /// the callback or of the spawner, is caught and counted.
     pub(crate) fn one(&self, task: ShardTask, clock: Clock) {
+        if let ShardTask::Wake(_) = task {
+            // A future's wake, in any mode: here.
+            if run_caught(task) {
+                self.count_panicked();
+            }
+            return;
+        }
         match self {
             Dispatch::Pool(_) => self.submit(vec![task], clock),
             #[cfg(feature = "rayon")]
@@ -180,6 +190,25 @@ impl Dispatch {
                     // ORDERING: Relaxed: a statistic.
                     panicked.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+        }
+    }
+}
+
+impl Dispatch {
+    /// Counts a task that panicked on this (the shard's) thread in the counter of
+    /// the service's callbacks.
+    fn count_panicked(&self) {
+        match self {
+            Dispatch::Pool(executor) => executor.count_panicked(),
+            #[cfg(feature = "rayon")]
+            Dispatch::Rayon(_, panicked) => {
+                // ORDERING: Relaxed: a statistic.
+                panicked.fetch_add(1, Ordering::Relaxed);
+            }
+            Dispatch::Inline(panicked) | Dispatch::Spawn(_, panicked) => {
+                // ORDERING: Relaxed: a statistic.
+                panicked.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

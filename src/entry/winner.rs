@@ -31,6 +31,13 @@ impl FiredEntry {
         self.entry.deadline()
     }
 
+    /// Whether its "callback" only wakes a task: a [`Sleep`](crate::Sleep)'s timer
+    /// (also a `Timeout`'s and an `Interval`'s), whose run finishes the sleep and
+    /// calls the waker of the task that last polled it.
+    pub fn only_wakes(&self) -> bool {
+        self.entry.sleep_shared().is_some()
+    }
+
     /// Runs the callback on this thread. A panic propagates; the reference is released
     /// either way.
     pub fn run(mut self) {

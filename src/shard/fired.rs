@@ -68,6 +68,9 @@ pub struct FiredQueue<T> {
     runs: u64,
     /// The owner's progress: its turns begun, its parks and its pops.
     progress: u64,
+    /// The number of the owner's run in progress, if any: kept apart from `running`,
+    /// which a rescuer's run replaces while the owner's goes on.
+    owner_run: Option<u64>,
 }
 
 impl<T> Default for FiredQueue<T> {
@@ -77,6 +80,7 @@ impl<T> Default for FiredQueue<T> {
             running: None,
             runs: 0,
             progress: 0,
+            owner_run: None,
         }
     }
 }
@@ -115,6 +119,12 @@ impl<T> FiredQueue<T> {
             .map(|running| running.since)
     }
 
+    /// Whether the owner is running a task it popped (an inline callback, a spawner's
+    /// call, a future's wake) and has not finished it.
+    pub fn owner_running(&self) -> bool {
+        self.owner_run.is_some()
+    }
+
     /// The owner's pop: `None` if the queue is empty, or while a rescuer's run is in
     /// progress that `is_stuck` (given the tick it began) does not call stuck. Counts
     /// as progress when it pops.
@@ -129,7 +139,9 @@ impl<T> FiredQueue<T> {
         }
         let task = self.queue.pop_front()?;
         self.progress += 1;
-        Some((task, self.claim(Runner::Owner, Tick::new(0))))
+        let claim = self.claim(Runner::Owner, Tick::new(0));
+        self.owner_run = Some(claim.number);
+        Some((task, claim))
     }
 
     /// The rescuer's pop, at tick `now`, of a shard it judged stuck when the owner's
@@ -152,6 +164,9 @@ impl<T> FiredQueue<T> {
     /// Ends the run `claim` names, if it is still the one in progress (an owner that
     /// took a stuck rescuer's place replaced it).
     pub fn finish(&mut self, claim: Claim) {
+        if self.owner_run == Some(claim.number) {
+            self.owner_run = None;
+        }
         if self
             .running
             .is_some_and(|running| running.number == claim.number)
@@ -208,5 +223,28 @@ mod tests {
             queue.pop_for_owner(|_| false).map(|(task, _)| task),
             Some(2)
         );
+    }
+
+    #[test]
+    fn the_owners_run_stays_in_progress_while_a_rescuer_runs_beside_it() {
+        let mut queue = FiredQueue::new();
+        for task in 0..3 {
+            queue.push_back(task);
+        }
+        assert!(!queue.owner_running());
+        let (_, owned) = queue.pop_for_owner(|_| false).unwrap();
+        assert!(queue.owner_running());
+        // The owner is stuck in it: a rescuer pops and runs the next beside it.
+        let judged = queue.progress();
+        let (_, rescued) = queue.pop_for_rescuer(judged, Tick::new(3)).unwrap();
+        queue.finish(rescued);
+        assert!(
+            queue.owner_running(),
+            "the rescuer's run ended, not the owner's"
+        );
+        let (_, rescued) = queue.pop_for_rescuer(judged, Tick::new(4)).unwrap();
+        queue.finish(rescued);
+        queue.finish(owned);
+        assert!(!queue.owner_running());
     }
 }

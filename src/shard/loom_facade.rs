@@ -56,6 +56,7 @@ pub fn run_as_shard_thread(core: ShardCore, f: impl FnOnce()) -> ShardCore {
                 dispatch: Dispatch::Inline(Arc::new(crate::sync::AtomicU64::new(0))),
                 clock,
                 home,
+                wakes_here: false,
             },
         });
     });
@@ -85,7 +86,7 @@ impl ModelShard {
         // SAFETY: the models keep a `ModelShard` until the core has shut down (above);
         // the shard is not shared with a sender yet.
         #[allow(unsafe_code, reason = "the model keeps the custody alive")]
-        let link = unsafe { ShardLink::new(core, dispatch, Clock::at(Instant::now(), 1)) };
+        let link = unsafe { ShardLink::new(core, dispatch, Clock::at(Instant::now(), 1), false) };
         ModelShard { link }
     }
 

@@ -12,8 +12,11 @@
 //!   queue is busy, not stuck) — or has overslept its own next expiry by as much. The
 //!   watcher then takes its token (never waiting: if the owner holds it, the owner is
 //!   back) and does what the owner would: a bounded turn, fired tasks handed to the
-//!   pool, or (inline, spawn) popped one at a time and dispatched on the watcher's
-//!   thread, each only while the owner's progress stays where it was judged stuck.
+//!   pool, or (inline, spawn; and futures' wakes in every mode) popped one at a time
+//!   and dispatched on the watcher's thread, each only while the owner's progress
+//!   stays where it was judged stuck. A shard whose pool is backed up waits for it on
+//!   purpose and is left alone, unless it is inside a popped task (a wake that
+//!   blocks, say).
 //!   The token orders pops, not runs: the queue itself (`fired.rs`) refuses a pop
 //!   while another thread's run is in progress, unless that run is stuck, so the
 //!   callbacks of one shard run one at a time in deadline order but for a stuck one.
@@ -158,11 +161,11 @@ impl Watch {
         if self.stuck.is_none() && self.stuck_from(tick) > tick {
             return;
         }
-        if self.link.dispatch.is_backed_up() {
-            // Its pool has more than it can start (the owner waits for it on purpose,
-            // mid-burst): the pool is the bottleneck, not the shard.
-            return;
-        }
+        // Its pool has more than it can start: the owner may be waiting for it on
+        // purpose, mid-burst (then the pool is the bottleneck, not the shard), unless
+        // it is inside a task it popped off its fired queue (a future's wake, run on
+        // the shard in every mode), which the pool's backlog says nothing about.
+        let backed_up = self.link.dispatch.is_backed_up();
         // The owner's progress, unchanged since `rescue_after` ago: every pop below
         // re-checks it under the token, and stops once the owner is back.
         let Some((judged, _)) = self.seen else {
@@ -181,6 +184,9 @@ impl Watch {
                 }
                 if held.fired.progress() != judged {
                     return Rescue::Back;
+                }
+                if backed_up && !held.fired.owner_running() {
+                    return Rescue::PoolBound;
                 }
                 if held.fired.is_empty() {
                     link.turn(held, || reading, &hand_over);
@@ -202,6 +208,8 @@ impl Watch {
                     self.stuck = None;
                     return;
                 }
+                // Judged again at the next check, as before the pool backed up.
+                Some(Rescue::PoolBound) => return,
                 Some(Rescue::Gone) => {
                     self.gone = true;
                     self.stuck = None;
@@ -240,6 +248,9 @@ enum Rescue {
     Gone,
     /// Its owner made progress since it was judged stuck: it is back.
     Back,
+    /// Its pool is backed up and its owner runs no popped task: it waits for the
+    /// pool on purpose.
+    PoolBound,
     /// A fired task to dispatch here, and its claim to the run.
     Run(ShardTask, Claim),
     /// Nothing more due; its core next has work at this tick.

@@ -58,6 +58,7 @@ impl ShardThread {
         dispatch: Dispatch,
         limit: Option<Arc<PendingLimit>>,
         turns: Option<TurnSlot>,
+        wakes_here: bool,
     ) -> Self {
         let now = clock.tick_of(shared.time.now());
         let core = ShardCore::new(shared, cursors, now, clock.ticks().tick_ns(), limit);
@@ -65,7 +66,7 @@ impl ShardThread {
         // core's `shut_down` (run on this thread: by the loop, or by a callback on it
         // that took the core), and the shard is not shared with any sender yet.
         #[allow(unsafe_code, reason = "the shard loop keeps the custody alive")]
-        let link = unsafe { ShardLink::new(core, dispatch, clock) };
+        let link = unsafe { ShardLink::new(core, dispatch, clock, wakes_here) };
         ShardThread {
             link,
             turns,
@@ -171,7 +172,6 @@ impl ShardThread {
         let is_stuck = |since: Tick| {
             clock.tick_of(Instant::now()).get() >= since.get().saturating_add(rescue_after)
         };
-        let batches = link.batches();
         // The last round of the manual clock a turn of this shard began in.
         let mut answered = 0;
         let pending = loop {
@@ -207,7 +207,9 @@ impl ShardThread {
             };
             // Whether the queue waits for a rescuer's run: then, the tick it began.
             let mut blocked = None;
-            if !batches {
+            // The fired queue: every callback (inline, spawn), or the futures' wakes
+            // only (pool, rayon: `ShardTask::only_wakes`).
+            {
                 // One at a time, neither the borrow nor the token held while user code
                 // runs; each pop ends the previous run in the same hold.
                 let mut claim: Option<Claim> = None;

@@ -64,6 +64,11 @@ pub(crate) struct ShardLink {
     pub(super) clock: Clock,
     /// Where the shard's repeating runs end.
     pub(super) home: RunHome,
+    /// Whether a future's wake runs on the shard thread (a [`ShardTask::Wake`]) in
+    /// every mode rather than leaving as the mode says: where a shard stuck in a
+    /// waker that blocks is rescued (more than one shard, rescue on, the system
+    /// clock). Without a rescuer, a pool or a spawner keeps the shard clear of it.
+    pub(super) wakes_here: bool,
 }
 
 /// A turn's clock reading: the tick, and (for the lateness histogram) the instant in
@@ -87,7 +92,12 @@ impl ShardLink {
     ///   half's pointer; and
     /// - the shard is not shared with any sender yet.
     #[allow(unsafe_code, reason = "gives the shared half the custody's address")]
-    pub(super) unsafe fn new(core: ShardCore, dispatch: Dispatch, clock: Clock) -> ShardLink {
+    pub(super) unsafe fn new(
+        core: ShardCore,
+        dispatch: Dispatch,
+        clock: Clock,
+        wakes_here: bool,
+    ) -> ShardLink {
         let shared = core.shared().clone();
         let home: RunHome = std::sync::Arc::new(shared.clone());
         let custody = Arc::new(Custody::new(InCustody {
@@ -105,6 +115,7 @@ impl ShardLink {
             dispatch,
             clock,
             home,
+            wakes_here,
         }
     }
 
@@ -117,7 +128,8 @@ impl ShardLink {
     /// One bounded turn of the shard by the holder of its token: files new timers,
     /// takes the messages, reads the time (`now`) and expires at most
     /// [`TURN_BUDGET`] entries: into batches for `hand_over` (pool, rayon; the last,
-    /// partial one too) or onto the fired queue (inline, spawn). Lateness is recorded
+    /// partial one too) or onto the fired queue (inline, spawn; and a future's wake
+    /// in every mode where `wakes_here`). Lateness is recorded
     /// in the shard's histogram. Returns `(finished, fired_any)`, or `None` if
     /// shutdown took the core.
     ///
@@ -153,12 +165,17 @@ impl ShardLink {
                     .due_by(self.clock.due_tick(expired.deadline()));
                 lateness.record(now_ns.since(due_ns));
                 let task = match expired {
+                    Expired::Fired(task) if self.wakes_here && task.only_wakes() => {
+                        ShardTask::Wake(task)
+                    }
                     Expired::Fired(task) => ShardTask::Fired(task),
                     Expired::Run(running) => {
                         ShardTask::Run(RunTask::new(running, self.home.clone(), self.clock))
                     }
                 };
-                if batches {
+                // A future's wake leaves by the fired queue in every mode, to run on
+                // this thread after the turn.
+                if batches && !matches!(task, ShardTask::Wake(_)) {
                     if batch.capacity() == 0 {
                         batch.reserve_exact(FIRE_BATCH);
                     }

@@ -292,6 +292,14 @@ impl Builder {
         } else {
             Vec::new()
         };
+        let rescue_after = match self.rescue_after {
+            None => Some(self.tick.checked_mul(4).unwrap_or(Duration::MAX)),
+            Some(after) => after,
+        }
+        .filter(|_| shards > 1 && manual.is_none());
+        // Futures are woken on their shard's thread where a shard stuck in a waker is
+        // rescued (`ShardLink::wakes_here`).
+        let wakes_here = rescue_after.is_some();
         // Each shard thread is built first, so that rescue can link them in a ring.
         let mut threads: Vec<(Arc<ShardShared>, ShardThread)> = (0..shards)
             .map(|_| {
@@ -304,6 +312,7 @@ impl Builder {
                     dispatch.clone(),
                     limit.clone(),
                     manual.as_ref().map(ManualTime::register),
+                    wakes_here,
                 );
                 (shard, shard_thread)
             })
@@ -319,11 +328,7 @@ impl Builder {
         for (_, thread) in &mut threads {
             thread.set_peers(peers.clone());
         }
-        let rescue_after = match self.rescue_after {
-            None => Some(self.tick.checked_mul(4).unwrap_or(Duration::MAX)),
-            Some(after) => after,
-        };
-        if let Some(after) = rescue_after.filter(|_| shards > 1 && manual.is_none()) {
+        if let Some(after) = rescue_after {
             let ticks = u64::try_from(after.as_nanos().div_ceil(self.tick.as_nanos()))
                 .unwrap_or(u64::MAX)
                 .max(1);

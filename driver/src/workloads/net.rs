@@ -22,7 +22,12 @@
 //! Each idle timer is polled through a [`WakeProbe`], so an idle close has two
 //! latenesses: when the timer woke the server's task (the timer's part, which
 //! guarantee 2 bounds and the report judges) and when the task ran (after a runtime
-//! worker took it up: what the connection sees, for every peer alike).
+//! worker took it up: what the connection sees, for every peer alike). Between the
+//! two the task waits in a queue of the runtime: a wake from one of its workers (as
+//! tokio's timer's) puts it in that worker's own queue, a wake from any other thread
+//! (as sharded-timer's shard's) in the runtime's global queue, which a busy worker
+//! looks at only now and then; the report gives that queue's depth while the quiet
+//! half closes.
 
 #![forbid(unsafe_code)]
 
@@ -277,6 +282,9 @@ struct NetRun {
     lateness: Lateness,
     /// When the idle timers woke the server's tasks, µs after their deadlines.
     wake_lateness: Lateness,
+    /// The runtime's global (injection) queue while the quiet half closed, sampled
+    /// each millisecond: median and largest depth, in tasks.
+    global_queue: (usize, usize),
     /// The tallies.
     tally: Arc<Tally>,
 }
@@ -450,6 +458,32 @@ fn run_peer(common: &Common, peer: Peer, connections: usize) -> NetRun {
     };
     let tally = Arc::new(Tally::default());
     let phase = Arc::new(AtomicU8::new(PHASE_LOAD));
+    // Where a woken task waits for a worker: a wake from a runtime worker (tokio's
+    // timer fires on one) queues the task in that worker's own queue, a wake from
+    // any other thread (sharded-timer's shard) in the runtime's global queue, which a
+    // busy worker looks at only now and then. Its depth while the quiet half closes,
+    // from a thread of its own (a task would wait in the same queues).
+    let global_queue = {
+        let (metrics, phase) = (runtime.metrics(), phase.clone());
+        std::thread::Builder::new()
+            .name("net-queue".to_owned())
+            .spawn(move || {
+                let mut depths = Vec::new();
+                loop {
+                    // ORDERING: Relaxed: a phase flag, read for sampling only.
+                    match phase.load(Ordering::Relaxed) {
+                        PHASE_LOAD => {}
+                        PHASE_QUIET => depths.push(metrics.global_queue_depth()),
+                        _ => break,
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                depths.sort_unstable();
+                let median = depths.get(depths.len() / 2).copied().unwrap_or(0);
+                (median, depths.last().copied().unwrap_or(0))
+            })
+            .expect("a sampling thread")
+    };
     let (load_wall, load_cpu) = runtime.block_on(async {
         let listener = listen();
         let address = listener.local_addr().expect("its address");
@@ -534,6 +568,7 @@ fn run_peer(common: &Common, peer: Peer, connections: usize) -> NetRun {
         }
         (load_wall, load_cpu)
     });
+    let global_queue = global_queue.join().expect("the sampling thread");
     drop(runtime);
     drop(timers);
     drop(timer.shutdown());
@@ -551,6 +586,7 @@ fn run_peer(common: &Common, peer: Peer, connections: usize) -> NetRun {
         cpu_ns_per_request: load_cpu.map_or(f64::NAN, |cpu| cpu * 1e9 / load_requests),
         lateness: of(&tally.lateness),
         wake_lateness: of(&tally.wake_lateness),
+        global_queue,
         tally,
     }
 }
@@ -585,7 +621,7 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
     )];
     for run in &runs {
         notes.push(format!(
-            "{:<19} {:>8.0} requests/s, {:>6.0} CPU ns/request ({:.2}x sharded-timer's); {}/{quiet} quiet connections closed, each after its deadline (none early); how long after it: the timer woke the task p50 {:.2} / p99 {:.2} / max {:.2} ms, the task ran p50 {:.2} / p99 {:.2} / max {:.2} ms; busy connections closed {}, requests timed out {}, clients failed {}{}{}",
+            "{:<19} {:>8.0} requests/s, {:>6.0} CPU ns/request ({:.2}x sharded-timer's); {}/{quiet} quiet connections closed, each after its deadline (none early); how long after it: the timer woke the task p50 {:.2} / p99 {:.2} / max {:.2} ms, the task ran p50 {:.2} / p99 {:.2} / max {:.2} ms (the runtime's global queue meanwhile p50 {} / max {} tasks); busy connections closed {}, requests timed out {}, clients failed {}{}{}",
             run.peer.name(),
             run.requests_per_sec,
             run.cpu_ns_per_request,
@@ -597,6 +633,8 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
             run.lateness.p50 as f64 / 1e3,
             run.lateness.p99 as f64 / 1e3,
             run.lateness.max as f64 / 1e3,
+            run.global_queue.0,
+            run.global_queue.1,
             count(run, |t| &t.busy_closed),
             count(run, |t| &t.timed_out),
             count(run, |t| &t.failed),
@@ -630,7 +668,7 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
         let mut flags = String::new();
         if !slower.is_empty() {
             flags.push_str(&format!(
-                "; NOTE: the task ran later than with {} though woken as promptly: the extra wait came after the timer's wake-up, for a runtime worker to take the task up (not judged: guarantee 2 is the wake-up)",
+                "; NOTE: the task ran later than with {} though woken as promptly: the extra wait came after the timer's wake-up, for a runtime worker to take the task up (not judged: guarantee 2 is the wake-up). A wake from outside the runtime's workers, as a timer thread's, queues the task in the runtime's global queue, behind the tasks there; tokio::time's, from a worker, in that worker's own",
                 slower.join(", ")
             ));
         }
