@@ -238,6 +238,24 @@ fn sections(
             summary: Some("firehose (2 unpinned producers, spread deadlines)"),
             series: of_rows(&report.firehose),
         });
+        let loops = report.busy.loops;
+        for (title, unit, summary, rows) in [
+            ("rpc", "pairs/s", "rpc, busy", &report.busy.rpc),
+            ("burst", "fired/s", "burst, busy", &report.busy.burst),
+            (
+                "firehose",
+                "timers/s",
+                "firehose, busy",
+                &report.busy.firehose,
+            ),
+        ] {
+            sections.push(Section {
+                title: format!("{title}, beside {loops} busy-loop threads (as above otherwise)"),
+                unit,
+                summary: Some(summary),
+                series: of_rows(rows),
+            });
+        }
         let columns = report.producers.len();
         for (cancel, name) in [(false, "schedule"), (true, "schedule+cancel")] {
             for (index, &producers) in report.producers.iter().enumerate() {
@@ -629,6 +647,7 @@ fn method(o: &mut String, rounds: usize) {
 - **burst**: 1 M timers due at one instant, scheduled from 2 producers; rate: timers fired per second from the deadline to the last callback.
 - **firehose**: 2 producer threads, not pinned, schedule 1 M timers due uniformly 10–1000 ms ahead as fast as they can, each callback a `Box<dyn FnOnce() + Send>`; rate: timers scheduled per second; lateness: of every timer, those that come due while the producers still file included (expiry must not wait for the filing to end).
 - **schedule, schedule+cancel**: 1 M timers, delays spread over 1–60 s, from 1, 2 and 8 producer threads, each keeping its handles; with cancel, each timer is cancelled right after it is scheduled. Rate: from the moment every producer is ready to the moment the last returns from its last call (a peer that takes timers in on its own thread, as netty-style, tokio's tasks and sharded-timer's rings do, may still be filing them then; its CPU for that is counted only as far as it ran inside the window).
+- **rpc, burst, firehose, busy**: the same three workloads again, beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core (as below), on sharded-timer and the outside peers, in the same process as the quiet ones (warm, not cold).
 - **the users' conditions** (cold, unpinned, busy): the same two workloads, each run in a fresh process of the driver (`--cold-cell`, hidden), with unpinned producers and a boxed 16-byte callback per timer, first quiet, then beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core in a process of their own (`--busy-loops`, hidden; started before the busy runs and stopped after). The process's CPU time is the measured process's own.
 - **memory**: allocated bytes (a counting global allocator, not RSS) per pending timer for 1 M pending timers, the caller keeping its handle, minus the 16-byte closure each captures; measured once, first thing in the process.
 - **async timeouts**: on a tokio multi-thread runtime (one worker per core), 1,000 tasks each await 1,000 `timeout(1 s, f)` in turn; `f` is pending at the first poll and ready at the second (the timer is armed, then cancelled by the drop), or ready at once. sharded-timer runs with inline callbacks, as its docs advise an async program.
@@ -698,6 +717,9 @@ fn details(o: &mut String, report: &CompareReport) {
         ("rpc", &report.rpc),
         ("burst", &report.burst),
         ("firehose", &report.firehose),
+        ("rpc, busy", &report.busy.rpc),
+        ("burst, busy", &report.busy.burst),
+        ("firehose, busy", &report.busy.firehose),
     ] {
         for row in rows {
             let [p50, p99, p999, max] = row.lateness;

@@ -582,6 +582,22 @@ pub(crate) struct CompareReport {
     /// schedule and schedule+cancel in the users' conditions: a fresh process per
     /// cell, unpinned producers, boxed callbacks; quiet, then beside busy loops.
     pub(crate) conditions: ConditionsReport,
+    /// rpc, burst and firehose again, beside busy loops.
+    pub(crate) busy: BusyRows,
+}
+
+/// rpc, burst and firehose beside busy loops (`conditions::beside_busy_loops`), on
+/// sharded-timer and the outside peers.
+#[derive(Debug, Serialize)]
+pub(crate) struct BusyRows {
+    /// Busy-loop threads that ran beside them.
+    pub(crate) loops: usize,
+    /// As [`CompareReport::rpc`].
+    pub(crate) rpc: Vec<Row>,
+    /// As [`CompareReport::burst`].
+    pub(crate) burst: Vec<Row>,
+    /// As [`CompareReport::firehose`].
+    pub(crate) firehose: Vec<Row>,
 }
 
 /// Runs every workload on each peer named in `only` (all when empty), `rounds` times
@@ -618,6 +634,33 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             &firehose_rows,
         );
     }
+    // The same three beside busy loops: sharded-timer and the outside peers.
+    let busy_kinds: Vec<Kind> = [Kind::Sharded, Kind::Tokio, Kind::NettyStyle, Kind::Heap]
+        .into_iter()
+        .filter(|k| kinds.contains(k))
+        .collect();
+    let (loops, (busy_rpc, busy_burst, busy_firehose)) = conditions::beside_busy_loops(|| {
+        (
+            median_rows(&busy_kinds, rounds, rpc),
+            median_rows(&busy_kinds, rounds, burst),
+            median_rows(&busy_kinds, rounds, firehose),
+        )
+    });
+    if !quiet {
+        for (title, unit, rows) in [
+            ("rpc", "pairs/s", &busy_rpc),
+            ("burst", "fired/s", &busy_burst),
+            ("firehose", "timers/s", &busy_firehose),
+        ] {
+            print(&format!("{title}, beside {loops} busy loops"), unit, rows);
+        }
+    }
+    let busy = BusyRows {
+        loops,
+        rpc: busy_rpc,
+        burst: busy_burst,
+        firehose: busy_firehose,
+    };
     let producers = vec![1, 2, 8];
     let mut samples = vec![vec![Vec::new(); 2 * producers.len()]; kinds.len()];
     for _ in 0..rounds {
@@ -661,6 +704,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
     let conditions = conditions::run(&condition_kinds, rounds, quiet);
     let report = CompareReport {
         conditions,
+        busy,
         rounds,
         rpc: rpc_rows,
         burst: burst_rows,

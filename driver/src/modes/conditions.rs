@@ -307,6 +307,18 @@ pub(crate) fn busy_main(loops: usize) -> ! {
     std::process::exit(0);
 }
 
+/// Runs `measure` beside [`BUSY_LOOPS_PER_CORE`] busy loops per core (a process of
+/// their own, started first and stopped after); returns how many loops ran and what
+/// `measure` returned.
+pub(crate) fn beside_busy_loops<T>(measure: impl FnOnce() -> T) -> (usize, T) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let loops = BUSY_LOOPS_PER_CORE * cores;
+    let busy = BusyLoops::start(loops);
+    let measured = measure();
+    drop(busy);
+    (loops, measured)
+}
+
 /// The busy loops' process, stopped on drop.
 struct BusyLoops(Option<Child>);
 
