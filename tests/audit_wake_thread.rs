@@ -1,6 +1,9 @@
 //! Outside audit of the change "a future's task is woken on the shard thread that
 //! fired its timer in every `Callbacks` mode" (pool, spawn, rayon, inline), written
-//! against the public API only.
+//! against the public API only. (Its findings narrowed the change to services where
+//! a shard stuck in a waker is rescued: two shards or more, rescue on, the system
+//! clock; elsewhere a wake leaves as the mode says. The tests here that use a
+//! ManualClock, one shard or `rescue_after(None)` hold to that.)
 //!
 //! What is attacked: hostile wakers (panicking, with a payload that panics on drop,
 //! blocking, calling `shutdown`, dropping the last service reference, resetting or
@@ -568,7 +571,8 @@ fn manual_advance_returns_only_after_every_due_wake_in_every_mode() {
 }
 
 // ---------------------------------------------------------------------------------
-// 4. ManualClock: a waker (now on the shard thread) that schedules a zero-delay
+// 4. ManualClock: a waker (where the mode says: no shard is rescued under a
+//    ManualClock, so wakes are not kept on the shard) that schedules a zero-delay
 //    callback: `advance` runs that to the fixed point before returning (pool, inline,
 //    spawn); a callback it schedules past the new now does not run.
 // ---------------------------------------------------------------------------------
@@ -1919,8 +1923,8 @@ fn a_waker_that_floods_full_rings_from_the_shard_thread() {
 }
 
 // ---------------------------------------------------------------------------------
-// 19. ManualClock: a waker that calls `advance` itself (on the shard thread, in every
-//     mode): it must return without waiting for its own shard, and what it made due
+// 19. ManualClock: a waker that calls `advance` itself (on the shard thread inline,
+//     else where the mode says): it must return without waiting for its own shard, and what it made due
 //     is woken by the next `advance(ZERO)` of the test thread at the latest.
 // ---------------------------------------------------------------------------------
 
