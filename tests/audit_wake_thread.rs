@@ -163,7 +163,7 @@ fn rayon_pool() -> Arc<rayon::ThreadPool> {
 /// thread that hands it over, and counts it.
 fn modes(spawned: &Arc<AtomicUsize>) -> Vec<(&'static str, Callbacks)> {
     let count = spawned.clone();
-    let mut modes = vec![
+    let modes = vec![
         ("pool", Callbacks::pool(2)),
         ("inline", Callbacks::inline()),
         (
@@ -175,7 +175,11 @@ fn modes(spawned: &Arc<AtomicUsize>) -> Vec<(&'static str, Callbacks)> {
         ),
     ];
     #[cfg(feature = "rayon")]
-    modes.push(("rayon", Callbacks::rayon(rayon_pool())));
+    let modes = {
+        let mut modes = modes;
+        modes.push(("rayon", Callbacks::rayon(rayon_pool())));
+        modes
+    };
     modes
 }
 
