@@ -138,6 +138,34 @@ pub(super) struct Shared {
     pub(super) anchors: Mutex<Vec<Anchor>>,
     /// Tasks of the hand-written executor alive.
     pub(super) hand_tasks: AtomicUsize,
+    /// One-shot callbacks whose body (and the drop of its captures, which may schedule)
+    /// is under way: quiescence waits for them, since a started one-shot is no longer
+    /// pending but may still schedule a timer ([`InCallback`]).
+    pub(super) in_callbacks: AtomicUsize,
+}
+
+/// A one-shot callback's body under way, counted in [`Shared::in_callbacks`] from
+/// before its run is recorded until after its captures are dropped (declared first in
+/// the body, it is dropped last). Without it, a 10-minute chaos run once counted the
+/// pending timers while a started callback was still to schedule one, and shutdown
+/// then returned one more than counted.
+pub(super) struct InCallback<'a>(&'a Shared);
+
+impl<'a> InCallback<'a> {
+    /// Counts a callback body in.
+    pub(super) fn enter(shared: &'a Shared) -> Self {
+        // ORDERING: SeqCst: read by `quiesce` beside the ledger's run counts; a
+        // count, not a hot path.
+        shared.in_callbacks.fetch_add(1, Ordering::SeqCst);
+        InCallback(shared)
+    }
+}
+
+impl Drop for InCallback<'_> {
+    fn drop(&mut self) {
+        // ORDERING: SeqCst: as in `enter`.
+        self.0.in_callbacks.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sharded_timer::{ScheduleError, ShardedTimer, Stats, TimerHandle, TimerState};
 
-use super::checker::{check_monotonic, end_run, start_run, Kind, Record, Shared};
+use super::checker::{check_monotonic, end_run, start_run, InCallback, Kind, Record, Shared};
 use super::hand_executor::drop_anchor;
 use super::report::{bump, deliberate, violation, Op};
 use super::{Rng, FAR};
@@ -133,6 +133,8 @@ fn schedule_one(
         _ => None,
     };
     let callback = move || {
+        // Dropped last, after `_hostile` (which may schedule as it drops).
+        let _in_callback = InCallback::enter(&run_shared);
         let _hostile = hostile;
         start_run(&run_shared, &run_record);
         match behaviour {

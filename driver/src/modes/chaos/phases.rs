@@ -206,6 +206,7 @@ pub(super) fn phase(
         repeating_cancelled: AtomicU64::new(0),
         anchors: Mutex::new(Vec::new()),
         hand_tasks: AtomicUsize::new(0),
+        in_callbacks: AtomicUsize::new(0),
     });
     *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some((timer.clone(), shared.clone()));
     stage(format!("phase {number} ({config}): load running"));
@@ -378,10 +379,13 @@ fn quiesce(number: u64, config: &Config, timer: &ShardedTimer, shared: &Shared) 
     // The hang guard ends this if a due timer never runs.
     loop {
         let records = shared.records();
-        let waiting = records.iter().any(|record| {
-            Record::get(&record.running)
-                || (record.kind == Kind::OneShot && record.pending() && !far(record))
-        });
+        // ORDERING: SeqCst: as `InCallback` writes it.
+        let in_callbacks = shared.in_callbacks.load(Ordering::SeqCst) > 0;
+        let waiting = in_callbacks
+            || records.iter().any(|record| {
+                Record::get(&record.running)
+                    || (record.kind == Kind::OneShot && record.pending() && !far(record))
+            });
         if !waiting {
             break;
         }
