@@ -506,9 +506,8 @@ struct Idle {
     no_yields_until: Option<Instant>,
 }
 
-/// Waiting steps an idle worker takes before it sleeps ([`Idle`]); none under loom,
-/// where waiting is the model's business.
-const IDLE_STEPS: u32 = if cfg!(loom) { 0 } else { 11 };
+/// Waiting steps an idle worker takes before it sleeps ([`Idle`]).
+const IDLE_STEPS: u32 = 11;
 /// Of which spins first ([`Backoff::spin`]: 1, 2, .. 64 pauses).
 const IDLE_SPINS: u32 = 7;
 /// A yield that took longer than this was behind other threads' CPU-bound slices.
@@ -517,7 +516,14 @@ const SLOW_YIELD: Duration = Duration::from_micros(500);
 const NO_YIELDS_FOR: Duration = Duration::from_millis(100);
 
 impl Idle {
+    /// Under loom an idle worker sleeps at once: waiting is the model's business.
+    #[cfg(loom)]
+    fn wait(&mut self, _backoff: &Backoff) -> bool {
+        false
+    }
+
     /// One waiting step; `false` once the worker should sleep.
+    #[cfg(not(loom))]
     fn wait(&mut self, backoff: &Backoff) -> bool {
         if self.steps >= IDLE_STEPS {
             self.steps = 0;
