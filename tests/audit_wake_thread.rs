@@ -227,6 +227,9 @@ fn panicking_wakers_are_counted_exactly_in_every_mode_and_the_shard_lives_on() {
     for (mode, callbacks) in modes(&spawned) {
         spawned.store(0, SeqCst);
         let timer = builder("ap", callbacks).build().unwrap();
+        // Deadlines 120-180 ms out (not 12-19 ms): each must still be ahead at its
+        // first poll on a loaded machine (a run beside 4 busy loops saw one already
+        // due there, which completes it with no timer).
         let made = Instant::now();
         let mut sleeps = Vec::new();
         let mut calm = Vec::new();
@@ -237,7 +240,7 @@ fn panicking_wakers_are_counted_exactly_in_every_mode_and_the_shard_lives_on() {
                 1 => Probe::with(|_| panic!("audit: a waker that panics")),
                 _ => Probe::with(|_| std::panic::panic_any(Bomb)),
             };
-            let mut sleep = Box::pin(timer.sleep(ms(15 + i % 5)));
+            let mut sleep = Box::pin(timer.sleep(ms(150 + i % 5)));
             arm(&mut sleep, &probe);
             if i % 3 == 0 {
                 calm.push(probe.clone());
@@ -250,11 +253,11 @@ fn panicking_wakers_are_counted_exactly_in_every_mode_and_the_shard_lives_on() {
         let mut timeouts = Vec::new();
         for _ in 0..4 {
             let probe = Probe::with(|_| panic!("audit: a timeout's waker that panics"));
-            let mut timeout = Box::pin(timer.timeout(ms(18), std::future::pending::<()>()));
+            let mut timeout = Box::pin(timer.timeout(ms(180), std::future::pending::<()>()));
             assert!(poll_with(timeout.as_mut(), &probe.waker()).is_pending());
             timeouts.push((timeout, probe));
         }
-        let mut interval = timer.interval(ms(12));
+        let mut interval = timer.interval(ms(120));
         let iprobe = Probe::with(|_| std::panic::panic_any(Bomb));
         assert!(interval
             .poll_tick(&mut Context::from_waker(&iprobe.waker()))
@@ -267,7 +270,7 @@ fn panicking_wakers_are_counted_exactly_in_every_mode_and_the_shard_lives_on() {
         for _ in 0..4 {
             let ran = ran.clone();
             timer
-                .schedule(ms(16), move || {
+                .schedule(ms(160), move || {
                     ran.fetch_add(1, SeqCst);
                     panic!("audit: a schedule callback that panics");
                 })
@@ -294,7 +297,7 @@ fn panicking_wakers_are_counted_exactly_in_every_mode_and_the_shard_lives_on() {
         // A fresh sleep round-trips through both shards (each alive) before the exact check.
         for k in 0..2 {
             let probe = Probe::new();
-            let mut sleep = on_core(k, || Box::pin(timer.sleep(ms(3))));
+            let mut sleep = on_core(k, || Box::pin(timer.sleep(ms(30))));
             arm(&mut sleep, &probe);
             assert!(
                 wait_until(WAIT, || probe.wakes() == 1),
@@ -1737,7 +1740,10 @@ fn the_time_namespace_on_a_global_service_wakes_tokio_tasks_on_shard_threads() {
     });
     assert!(errors.is_empty(), "{errors:?}");
     let names = names.lock().unwrap().clone();
-    assert!(names.len() >= 40 * 5, "{} wakes", names.len());
+    // Up to 5 wakes per task (a sleep, a timeout, 3 ticks): fewer where a deadline
+    // passed before its first poll, which then completes with no wake (a run beside
+    // 4 busy loops saw 180-196). Enough of them to judge where they ran:
+    assert!(names.len() >= 40 * 5 / 2, "{} wakes", names.len());
     let off: Vec<_> = names.iter().filter(|n| !is_shard_thread(n, "ag")).collect();
     assert!(off.is_empty(), "woken off the shard threads: {off:?}");
     let workers: Vec<_> = thread_names()
