@@ -500,6 +500,8 @@ impl<T> core::fmt::Debug for Executor<T> {
 /// than [`SLOW_YIELD`] stops yields for [`NO_YIELDS_FOR`].
 #[derive(Default)]
 struct Idle {
+    /// The spins' schedule.
+    backoff: Backoff,
     /// Waiting steps taken since the last batch.
     steps: u32,
     /// Until when yields are skipped.
@@ -516,27 +518,34 @@ const SLOW_YIELD: Duration = Duration::from_micros(500);
 const NO_YIELDS_FOR: Duration = Duration::from_millis(100);
 
 impl Idle {
+    /// A batch came (or the worker is about to sleep): the next idle period waits
+    /// from its first step.
+    fn reset(&mut self) {
+        self.steps = 0;
+        self.backoff.reset();
+    }
+
     /// Under loom an idle worker sleeps at once: waiting is the model's business.
     #[cfg(loom)]
-    fn wait(&mut self, _backoff: &Backoff) -> bool {
+    fn wait(&mut self) -> bool {
         false
     }
 
-    /// One waiting step; `false` once the worker should sleep.
+    /// One waiting step; `false` (and reset) once the worker should sleep.
     #[cfg(not(loom))]
-    fn wait(&mut self, backoff: &Backoff) -> bool {
+    fn wait(&mut self) -> bool {
         if self.steps >= IDLE_STEPS {
-            self.steps = 0;
+            self.reset();
             return false;
         }
         self.steps += 1;
         if self.steps <= IDLE_SPINS {
-            backoff.spin();
+            self.backoff.spin();
             return true;
         }
         let now = Instant::now();
         if self.no_yields_until.is_some_and(|until| now < until) {
-            self.steps = 0;
+            self.reset();
             return false; // sleep: the next submit wakes it
         }
         std::thread::yield_now();
@@ -551,12 +560,10 @@ impl Idle {
 fn worker_loop<T: Task>(shared: &Arc<Shared<T>>, index: usize, local: &Worker<Vec<T>>) {
     let address = Arc::as_ptr(shared) as *const () as usize;
     CURRENT_POOL.with(|pool| pool.set(address));
-    let backoff = Backoff::new();
     let mut idle = Idle::default();
     loop {
         if let Some(batch) = find_batch(shared, local) {
-            backoff.reset();
-            idle.steps = 0;
+            idle.reset();
             CURRENT_BATCH.with(|current| {
                 *current.borrow_mut() = Some(Box::new(batch.into_iter()));
             });
@@ -572,10 +579,9 @@ fn worker_loop<T: Task>(shared: &Arc<Shared<T>>, index: usize, local: &Worker<Ve
         // the next batch within microseconds, and waking a parked thread costs tens of
         // microseconds on a virtual machine. An idle pool still sleeps after these few
         // microseconds, with no wakeups.
-        if idle.wait(&backoff) {
+        if idle.wait() {
             continue;
         }
-        backoff.reset();
         if !wait_for_work(shared) {
             return;
         }

@@ -172,10 +172,9 @@ impl Dispatch {
             Dispatch::Pool(_) => self.submit(vec![task], clock),
             #[cfg(feature = "rayon")]
             Dispatch::Rayon(..) => self.submit(vec![task], clock),
-            Dispatch::Inline(panicked) => {
+            Dispatch::Inline(_) => {
                 if run_caught(task) {
-                    // ORDERING: Relaxed: a statistic.
-                    panicked.fetch_add(1, Ordering::Relaxed);
+                    self.count_panicked();
                 }
             }
             Dispatch::Spawn(spawner, panicked) => {
@@ -187,15 +186,12 @@ impl Dispatch {
                 let callback =
                     Callback::new(id, clock.ns_to_instant(deadline), task, panicked.clone());
                 if run_caught(SpawnCall(spawner.clone(), callback)) {
-                    // ORDERING: Relaxed: a statistic.
-                    panicked.fetch_add(1, Ordering::Relaxed);
+                    self.count_panicked();
                 }
             }
         }
     }
-}
 
-impl Dispatch {
     /// Counts a task that panicked on this (the shard's) thread in the counter of
     /// the service's callbacks.
     fn count_panicked(&self) {

@@ -208,7 +208,7 @@ impl ShardThread {
             // Whether the queue waits for a rescuer's run: then, the tick it began.
             let mut blocked = None;
             // The fired queue: every callback (inline, spawn), or the futures' wakes
-            // only (pool, rayon: `ShardTask::only_wakes`).
+            // only (pool, rayon: `ShardTask::Wake`).
             {
                 // One at a time, neither the borrow nor the token held while user code
                 // runs; each pop ends the previous run in the same hold.
