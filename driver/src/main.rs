@@ -153,7 +153,7 @@ struct Args {
     #[arg(long, value_parser = soak::parse_duration)]
     soak: Option<std::time::Duration>,
     /// Internal: measure one users'-conditions cell of --compare in this process
-    /// (PEER:PRODUCERS:CANCEL), print it and exit
+    /// (modes/conditions.rs, `Cell`), print it and exit
     #[arg(long, hide = true, value_name = "CELL")]
     cold_cell: Option<String>,
     /// Internal: spin this many busy-loop threads until standard input closes
@@ -399,10 +399,6 @@ fn main() {
         std::process::exit(modes::chaos::main(std::env::args().skip(1)));
     }
     let args = Args::parse();
-    // --compare's own child processes (modes/conditions.rs).
-    if let Some(cell) = &args.cold_cell {
-        modes::conditions::cell_main(cell);
-    }
     if let Some(loops) = args.busy_loops {
         modes::conditions::busy_main(loops);
     }
@@ -428,6 +424,10 @@ fn main() {
         producers: args.producers,
         progress: !args.json && !args.csv,
     };
+    // --compare's own child processes (modes/conditions.rs).
+    if let Some(cell) = &args.cold_cell {
+        modes::conditions::cell_main(cell, &common);
+    }
     if args.write.is_some() && (!args.compare || args.async_only) {
         eprintln!(
             "error: --write writes a whole --compare run: give --compare, without --async-only"
@@ -500,11 +500,35 @@ fn main() {
             "timeouts".into(),
             serde_json::to_value(&rows).expect("serialises"),
         );
+        let users_timeouts = timeouts::run_users(args.rounds, &args.peers, quiet);
+        extra.insert(
+            "timeouts_users".into(),
+            serde_json::to_value(&users_timeouts).expect("serialises"),
+        );
         if let Some(file) = &args.write {
             if !quiet {
-                println!("\nnet, {} interleaved rounds per peer ...", args.rounds);
+                println!(
+                    "\nnet, {} interleaved rounds per peer, a fresh process per round, quiet then busy ...",
+                    args.rounds
+                );
             }
-            let net = net::rounds(&common, args.net_connections, args.rounds, &args.peers);
+            let (connections, quiet_runs) =
+                net::rounds(args.net_connections, args.rounds, &args.peers);
+            // Beside the busy loops, a quarter of the connections: with all of them
+            // every peer's server falls behind its clients' 1 s request timeouts
+            // there (a failed run for each, and no figure).
+            let busy_wanted = (args.net_connections / benchmarks::NET_BUSY_SHARE).max(2);
+            let (loops, (busy_connections, busy_runs)) =
+                modes::conditions::beside_busy_loops(|| {
+                    net::rounds(busy_wanted, args.rounds, &args.peers)
+                });
+            let net = benchmarks::NetFigures {
+                connections,
+                busy_connections,
+                loops,
+                quiet: quiet_runs,
+                busy: busy_runs,
+            };
             extra.insert(
                 "net".into(),
                 serde_json::to_value(&net).expect("serialises"),
@@ -519,7 +543,11 @@ fn main() {
                 load: (load_at_start, system::load_average()),
                 charts: drawn,
             };
-            match benchmarks::write(file, &context, compared.as_ref(), &rows, Some(&net)) {
+            let timeouts = benchmarks::Timeouts {
+                warm: &rows,
+                users: &users_timeouts,
+            };
+            match benchmarks::write(file, &context, compared.as_ref(), &timeouts, Some(&net)) {
                 Ok(()) => {
                     if !quiet {
                         println!("wrote {}", file.display());

@@ -186,7 +186,7 @@ pub(crate) const ON_TIME_US: u64 = 2_000;
 pub(crate) const ON_TIME_SHARE: f64 = 0.99;
 
 /// Lateness percentiles, µs after the deadline.
-#[derive(Debug, Default, Serialize, Clone, Copy)]
+#[derive(Debug, Default, Serialize, serde::Deserialize, Clone, Copy)]
 pub(crate) struct Lateness {
     /// Median.
     pub(crate) p50: u64,

@@ -22,9 +22,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::modes::compare::{CompareReport, Row};
+use crate::modes::compare::{CompareReport, Row, TimerWorkload};
 use crate::modes::conditions::{Column, ConditionsReport, BUSY_LOOPS_PER_CORE};
-use crate::modes::timeouts::TimeoutRow;
+use crate::modes::timeouts::{TimeoutRow, UsersTimeouts};
 use crate::report::{Lateness, Machine};
 use crate::workloads::net::NetRound;
 
@@ -50,7 +50,7 @@ struct Section {
     /// What one operation is, for the rate's unit ("pairs/s").
     unit: &'static str,
     /// The label of its row in the summary, if it has one.
-    summary: Option<&'static str>,
+    summary: Option<String>,
     /// The peers, sharded-timer (the reference) first.
     series: Vec<Series>,
 }
@@ -77,8 +77,38 @@ pub(crate) struct Context<'a> {
     pub(crate) charts: Vec<PathBuf>,
 }
 
-/// The net workload's figures: connections, and per peer its rounds.
-pub(crate) type NetFigures = (usize, Vec<(&'static str, Vec<NetRound>)>);
+/// Per peer (sharded-timer first): its name and every round.
+pub(crate) type NetRuns = Vec<(&'static str, Vec<NetRound>)>;
+
+/// The busy net rounds run with this share of the quiet rounds' connections (one
+/// in this many): with all of them, beside the busy loops, every peer's server
+/// falls behind its clients' 1 s request timeouts on 2 cores.
+pub(crate) const NET_BUSY_SHARE: usize = 4;
+
+/// The net workload's figures: each round in a fresh process, quiet and busy.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct NetFigures {
+    /// Connections per quiet round.
+    pub(crate) connections: usize,
+    /// Connections per busy round.
+    pub(crate) busy_connections: usize,
+    /// Busy-loop threads beside the busy rounds.
+    pub(crate) loops: usize,
+    /// Quiet rounds.
+    pub(crate) quiet: NetRuns,
+    /// Rounds beside the busy loops.
+    pub(crate) busy: NetRuns,
+}
+
+/// The async timeouts' figures: warm in the driver's process, and in the users'
+/// conditions.
+#[derive(Debug)]
+pub(crate) struct Timeouts<'a> {
+    /// Warm, in the driver's process, quiet.
+    pub(crate) warm: &'a [TimeoutRow],
+    /// A fresh process per run, quiet and busy.
+    pub(crate) users: &'a UsersTimeouts,
+}
 
 /// Writes the file.
 ///
@@ -89,7 +119,7 @@ pub(crate) fn write(
     path: &Path,
     context: &Context<'_>,
     compare: Option<&CompareReport>,
-    timeouts: &[TimeoutRow],
+    timeouts: &Timeouts<'_>,
     net: Option<&NetFigures>,
 ) -> Result<(), String> {
     let sections = sections(compare, timeouts, net);
@@ -206,7 +236,7 @@ fn row_failure(row: &Row) -> Option<String> {
 /// Every workload's section, in the file's order.
 fn sections(
     compare: Option<&CompareReport>,
-    timeouts: &[TimeoutRow],
+    timeouts: &Timeouts<'_>,
     net: Option<&NetFigures>,
 ) -> Vec<Section> {
     let mut sections = Vec::new();
@@ -223,46 +253,57 @@ fn sections(
         sections.push(Section {
             title: "rpc: request timeouts, 97 % cancelled, on top of 1 M pending".into(),
             unit: "pairs/s",
-            summary: Some("rpc (schedule+cancel, 1 M pending)"),
+            summary: Some("rpc (schedule+cancel, 1 M pending)".into()),
             series: of_rows(&report.rpc),
         });
         sections.push(Section {
             title: "burst: 1 M timers due at one instant, drain rate".into(),
             unit: "fired/s",
-            summary: Some("burst (1 M due at once, drain)"),
+            summary: Some("burst (1 M due at once, drain)".into()),
             series: of_rows(&report.burst),
         });
         sections.push(Section {
             title: "firehose: 1 M timers due in 10–1000 ms from 2 unpinned producers without pause, schedule rate".into(),
             unit: "timers/s",
-            summary: Some("firehose (2 unpinned producers, spread deadlines)"),
+            summary: Some("firehose (2 unpinned producers, spread deadlines)".into()),
             series: of_rows(&report.firehose),
         });
-        let loops = report.busy.loops;
-        for (title, unit, summary, rows) in [
-            ("rpc", "pairs/s", "rpc, busy", &report.busy.rpc),
-            ("burst", "fired/s", "burst, busy", &report.busy.burst),
+        let loops = report.users.loops;
+        for (condition, label, rows) in [
+            ("quiet".to_owned(), "quiet", &report.users.quiet),
             (
-                "firehose",
-                "timers/s",
-                "firehose, busy",
-                &report.busy.firehose,
+                format!("beside {loops} busy-loop threads"),
+                "busy",
+                &report.users.busy,
             ),
         ] {
-            sections.push(Section {
-                title: format!("{title}, beside {loops} busy-loop threads (as above otherwise)"),
-                unit,
-                summary: Some(summary),
-                series: of_rows(rows),
-            });
+            for (workload, rows) in rows.each() {
+                let (unit, summary) = match (workload, label) {
+                    (TimerWorkload::Rpc, "quiet") => ("pairs/s", "rpc, cold, quiet"),
+                    (TimerWorkload::Rpc, _) => ("pairs/s", "rpc, cold, busy"),
+                    (TimerWorkload::Burst, "quiet") => ("fired/s", "burst, cold, quiet"),
+                    (TimerWorkload::Burst, _) => ("fired/s", "burst, cold, busy"),
+                    (TimerWorkload::Firehose, "quiet") => ("timers/s", "firehose, cold, quiet"),
+                    (TimerWorkload::Firehose, _) => ("timers/s", "firehose, cold, busy"),
+                };
+                sections.push(Section {
+                    title: format!(
+                        "{}, users' conditions: a fresh process per run, producers unpinned, boxed callbacks, {condition}",
+                        workload.name()
+                    ),
+                    unit,
+                    summary: Some(summary.into()),
+                    series: of_rows(rows),
+                });
+            }
         }
         let columns = report.producers.len();
         for (cancel, name) in [(false, "schedule"), (true, "schedule+cancel")] {
             for (index, &producers) in report.producers.iter().enumerate() {
                 let column = usize::from(cancel) * columns + index;
                 let summary = match (cancel, producers) {
-                    (false, 2) => Some("schedule, 2 producers"),
-                    (true, 2) => Some("schedule+cancel, 2 producers"),
+                    (false, 2) => Some("schedule, 2 producers".into()),
+                    (true, 2) => Some("schedule+cancel, 2 producers".into()),
                     _ => None,
                 };
                 sections.push(Section {
@@ -295,59 +336,97 @@ fn sections(
             });
         }
     }
-    if !timeouts.is_empty() {
-        type Pick = fn(&TimeoutRow) -> (&Vec<(f64, f64)>, u64);
+    let users = timeouts.users;
+    for (condition, label, rows) in [
+        ("warm, in the driver's process", "", timeouts.warm),
+        (
+            "a fresh process per run, quiet",
+            ", cold",
+            users.quiet.as_slice(),
+        ),
+        (
+            &*format!(
+                "a fresh process per run, beside {} busy-loop threads",
+                users.loops
+            ),
+            ", cold, busy",
+            users.busy.as_slice(),
+        ),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        type Pick = fn(&TimeoutRow) -> (&Vec<(f64, f64)>, u64, &Option<String>);
         let shapes: [(&str, &'static str, Pick); 2] = [
             (
                 "async timeouts, the reply pending at the first poll (the timer armed, then cancelled)",
                 "async timeout, armed then cancelled",
-                |row| (&row.pending_once_rounds, row.timed_out.0),
+                |row| (&row.pending_once_rounds, row.timed_out.0, &row.failure.0),
             ),
             (
                 "async timeouts, the reply ready at the first poll (no timer needed)",
                 "async timeout, reply ready at once",
-                |row| (&row.ready_rounds, row.timed_out.1),
+                |row| (&row.ready_rounds, row.timed_out.1, &row.failure.1),
             ),
         ];
         for (title, summary, pick) in shapes {
             sections.push(Section {
-                title: title.into(),
+                title: format!("{title}, {condition}"),
                 unit: "timeouts/s",
-                summary: Some(summary),
-                series: timeouts
+                summary: Some(format!("{summary}{label}")),
+                series: rows
                     .iter()
                     .map(|row| {
-                        let (rounds, timed_out) = pick(row);
+                        let (rounds, timed_out, failure) = pick(row);
                         Series {
                             peer: row.peer.to_owned(),
                             rounds: rounds.clone(),
-                            failure: (timed_out > 0)
-                                .then(|| format!("{timed_out} timeouts elapsed")),
+                            failure: failure.clone().or_else(|| {
+                                (timed_out > 0).then(|| format!("{timed_out} timeouts elapsed"))
+                            }),
                         }
                     })
                     .collect(),
             });
         }
     }
-    if let Some((connections, runs)) = net {
-        sections.push(Section {
-            title: format!(
-                "net: a tokio TCP server and {connections} loopback connections, a timeout per request, an idle close per connection"
+    if let Some(net) = net {
+        for (condition, connections, summary, runs) in [
+            (
+                "quiet".to_owned(),
+                net.connections,
+                "net (TCP on loopback), cold, quiet",
+                &net.quiet,
             ),
-            unit: "requests/s",
-            summary: Some("net (TCP on loopback)"),
-            series: runs
-                .iter()
-                .map(|(peer, rounds)| Series {
-                    peer: (*peer).to_owned(),
-                    rounds: rounds
-                        .iter()
-                        .map(|r| (r.requests_per_sec, r.cpu_ns_per_request))
-                        .collect(),
-                    failure: net_failure(rounds),
-                })
-                .collect(),
-        });
+            (
+                format!(
+                    "beside {} busy-loop threads (1/{NET_BUSY_SHARE} of the connections: with all of them every peer's requests time out)",
+                    net.loops
+                ),
+                net.busy_connections,
+                "net (TCP on loopback), cold, busy",
+                &net.busy,
+            ),
+        ] {
+            sections.push(Section {
+                title: format!(
+                    "net: a tokio TCP server and {connections} loopback connections, a timeout per request, an idle close per connection; a fresh process per run, {condition}"
+                ),
+                unit: "requests/s",
+                summary: Some(summary.into()),
+                series: runs
+                    .iter()
+                    .map(|(peer, rounds)| Series {
+                        peer: (*peer).to_owned(),
+                        rounds: rounds
+                            .iter()
+                            .map(|r| (r.requests_per_sec, r.cpu_ns_per_request))
+                            .collect(),
+                        failure: net_failure(rounds),
+                    })
+                    .collect(),
+            });
+        }
     }
     sections
 }
@@ -582,8 +661,8 @@ fn render(
     if let Some(report) = compare {
         details(o, report);
     }
-    if let Some((_, runs)) = net {
-        net_lateness(o, runs);
+    if let Some(net) = net {
+        net_lateness(o, net);
     }
     charts(o, path, &context.charts);
     other_machines(o, path);
@@ -606,7 +685,7 @@ fn summary(o: &mut String, sections: &[Section], rounds: usize) {
     let _ = writeln!(o);
     let _ = writeln!(o, "|---|---:|{}", "---|".repeat(SUMMARY_PEERS.len()));
     for section in sections {
-        let Some(label) = section.summary else {
+        let Some(label) = &section.summary else {
             continue;
         };
         let Some(ours) = section.series.first() else {
@@ -647,11 +726,10 @@ fn method(o: &mut String, rounds: usize) {
 - **burst**: 1 M timers due at one instant, scheduled from 2 producers; rate: timers fired per second from the deadline to the last callback.
 - **firehose**: 2 producer threads, not pinned, schedule 1 M timers due uniformly 10–1000 ms ahead as fast as they can, each callback a `Box<dyn FnOnce() + Send>`; rate: timers scheduled per second; lateness: of every timer, those that come due while the producers still file included (expiry must not wait for the filing to end).
 - **schedule, schedule+cancel**: 1 M timers, delays spread over 1–60 s, from 1, 2 and 8 producer threads, each keeping its handles; with cancel, each timer is cancelled right after it is scheduled. Rate: from the moment every producer is ready to the moment the last returns from its last call (a peer that takes timers in on its own thread, as netty-style, tokio's tasks and sharded-timer's rings do, may still be filing them then; its CPU for that is counted only as far as it ran inside the window).
-- **rpc, burst, firehose, busy**: the same three workloads again, beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core (as below), on sharded-timer and the outside peers, in the same process as the quiet ones (warm, not cold).
-- **the users' conditions** (cold, unpinned, busy): the same two workloads, each run in a fresh process of the driver (`--cold-cell`, hidden), with unpinned producers and a boxed 16-byte callback per timer, first quiet, then beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core in a process of their own (`--busy-loops`, hidden; started before the busy runs and stopped after). The process's CPU time is the measured process's own.
+- **The classic rows and the users' conditions.** rpc, burst, firehose, schedule, schedule+cancel and the async timeouts are measured twice. *Classic*: in the driver's own process (warm: earlier rounds have grown its allocator's arenas and sharded-timer's entry pool), rpc's and burst's producers pinned one per core, callbacks plain closures. *Users' conditions* (\"cold\"): each run of each peer in a fresh process of the driver (`--cold-cell`, hidden: the figure a newly started service sees), producers not pinned (the OS places them, as a runtime's workers), each callback a `Box<dyn FnOnce() + Send>` with a 16-byte capture; first quiet, then beside {BUSY_LOOPS_PER_CORE} busy-loop threads per core at normal priority in a process of their own (`--busy-loops`, hidden; started before the busy runs and stopped after), so that the CPU time measured is the measured process's own. net runs only in the users' conditions, quiet and busy. rpc, burst and firehose in the users' conditions run on sharded-timer and the outside peers.
 - **memory**: allocated bytes (a counting global allocator, not RSS) per pending timer for 1 M pending timers, the caller keeping its handle, minus the 16-byte closure each captures; measured once, first thing in the process.
 - **async timeouts**: on a tokio multi-thread runtime (one worker per core), 1,000 tasks each await 1,000 `timeout(1 s, f)` in turn; `f` is pending at the first poll and ready at the second (the timer is armed, then cancelled by the drop), or ready at once. sharded-timer runs with inline callbacks, as its docs advise an async program.
-- **net**: a tokio TCP server on loopback and its clients in one process: each request (8 bytes each way) under a 1 s timeout on both sides, the server closing a connection idle for 2 s through a `Sleep` reset by every message. Rate and CPU: requests over 1.5 s of back-to-back requests; then half the connections go quiet and their idle closes are timed. pingora's column uses `fast_timeout` for the timeouts and tokio's `Sleep` for the idle close (pingora has no resettable sleep).
+- **net**: a tokio TCP server on loopback and its clients in one process (a fresh one per run): each request (8 bytes each way) under a 1 s timeout on both sides, the server closing a connection idle for 2 s through a `Sleep` reset by every message. Rate and CPU: requests over 1.5 s of back-to-back requests; then half the connections go quiet and their idle closes are timed (when the server task ran the close, after the deadline). pingora's column uses `fast_timeout` for the timeouts and tokio's `Sleep` for the idle close (pingora has no resettable sleep).
 "
     );
 }
@@ -713,14 +791,21 @@ fn details(o: &mut String, report: &CompareReport) {
         "| workload | peer | p50 µs | p99 µs | p99.9 µs | max µs | early |"
     );
     let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|");
-    for (name, rows) in [
-        ("rpc", &report.rpc),
-        ("burst", &report.burst),
-        ("firehose", &report.firehose),
-        ("rpc, busy", &report.busy.rpc),
-        ("burst, busy", &report.busy.burst),
-        ("firehose, busy", &report.busy.firehose),
-    ] {
+    let classic = [
+        ("rpc".to_owned(), &report.rpc),
+        ("burst".to_owned(), &report.burst),
+        ("firehose".to_owned(), &report.firehose),
+    ];
+    let users = [
+        ("cold, quiet", &report.users.quiet),
+        ("cold, busy", &report.users.busy),
+    ]
+    .into_iter()
+    .flat_map(|(condition, rows)| {
+        rows.each()
+            .map(|(workload, rows)| (format!("{}, {condition}", workload.name()), rows))
+    });
+    for (name, rows) in classic.into_iter().chain(users) {
         for row in rows {
             let [p50, p99, p999, max] = row.lateness;
             let _ = writeln!(
@@ -751,36 +836,40 @@ fn details(o: &mut String, report: &CompareReport) {
     let _ = writeln!(o);
 }
 
-/// The net workload's idle closes: lateness of the median round by rate.
-fn net_lateness(o: &mut String, runs: &[(&'static str, Vec<NetRound>)]) {
+/// The net workload's idle closes: lateness of the median round by rate, quiet and
+/// busy.
+fn net_lateness(o: &mut String, net: &NetFigures) {
     let _ = writeln!(o, "### net: idle closes after their deadline\n");
     let _ = writeln!(
         o,
-        "Lateness of the server's idle closes, ms, in each peer's median round (by rate); failures summed over every round.\n"
+        "Lateness of the server's idle closes (the task *ran*, not only woken), ms, in each peer's median round (by rate); failures summed over every round. Quiet: {} connections; busy: {} connections beside {} busy-loop threads.\n",
+        net.connections, net.busy_connections, net.loops
     );
     let _ = writeln!(
         o,
-        "| peer | p50 ms | p99 ms | max ms | timed out | clients failed | closes lost | busy closed | early |"
+        "| condition | peer | p50 ms | p99 ms | max ms | timed out | clients failed | closes lost | busy closed | early |"
     );
-    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (peer, rounds) in runs {
-        let Some(median) = median_round(rounds) else {
-            continue;
-        };
-        let l: Lateness = median.idle_close_lateness;
-        let sum = |f: fn(&NetRound) -> u64| rounds.iter().map(f).sum::<u64>();
-        let _ = writeln!(
-            o,
-            "| {peer} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
-            l.p50 as f64 / 1e3,
-            l.p99 as f64 / 1e3,
-            l.max as f64 / 1e3,
-            sum(|r| r.timed_out),
-            sum(|r| r.failed),
-            sum(|r| r.lost_closes),
-            sum(|r| r.busy_closed),
-            sum(|r| r.early),
-        );
+    let _ = writeln!(o, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (condition, runs) in [("quiet", &net.quiet), ("busy", &net.busy)] {
+        for (peer, rounds) in runs {
+            let Some(median) = median_round(rounds) else {
+                continue;
+            };
+            let l: Lateness = median.idle_close_lateness;
+            let sum = |f: fn(&NetRound) -> u64| rounds.iter().map(f).sum::<u64>();
+            let _ = writeln!(
+                o,
+                "| {condition} | {peer} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+                l.p50 as f64 / 1e3,
+                l.p99 as f64 / 1e3,
+                l.max as f64 / 1e3,
+                sum(|r| r.timed_out),
+                sum(|r| r.failed),
+                sum(|r| r.lost_closes),
+                sum(|r| r.busy_closed),
+                sum(|r| r.early),
+            );
+        }
     }
     let _ = writeln!(o);
 }
@@ -908,7 +997,7 @@ mod tests {
         let section = Section {
             title: "net".into(),
             unit: "requests/s",
-            summary: Some("net"),
+            summary: Some("net".into()),
             series: vec![
                 series("sharded-timer", &[10.0, 11.0, 12.0], None),
                 series(

@@ -3,7 +3,9 @@
 //! percentiles (p50/p99/p999/max, µs), early fires, and exact bytes per pending timer
 //! (a counting global allocator, not RSS).
 //!
-//! Producer threads are pinned one per core, for every peer alike.
+//! Producer threads are pinned one per core, for every peer alike, in these classic
+//! rows; the users' rows ([`UsersRows`]) run rpc, burst and firehose again each in a
+//! fresh process, producers unpinned, callbacks boxed, quiet and beside busy loops.
 //!
 //! - rpc: 2 producers, 1 M requests with a 300 ms timeout on top of 1 M pending
 //!   timers; each request is answered (cancelled) 1024 requests later, 97 % of the time.
@@ -33,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::modes::conditions::{self, ConditionsReport};
 use crate::peers::{self, fill, Handle, Kind};
@@ -50,10 +52,12 @@ const TIMEOUT: Duration = Duration::from_millis(300);
 /// Every round's rate and CPU ns per operation, in round order.
 pub(crate) type Rounds = Vec<(f64, f64)>;
 
-/// One peer's figures in one workload.
-#[derive(Debug, Serialize)]
+/// One peer's figures in one workload. A fresh process's cell (`--cold-cell`) prints
+/// it as JSON; the parent names the peer.
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Row {
     /// The peer.
+    #[serde(skip_deserializing)]
     pub(crate) peer: &'static str,
     /// Operations per second (the workload says which).
     pub(crate) rate: f64,
@@ -70,6 +74,9 @@ pub(crate) struct Row {
     pub(crate) lost: u64,
     /// Every round's rate and CPU ns per operation, in round order.
     pub(crate) rounds: Rounds,
+    /// Why a round's measurement gave no figures (its process failed), if one did.
+    #[serde(default)]
+    pub(crate) failure: Option<String>,
 }
 
 impl Row {
@@ -95,19 +102,101 @@ impl Row {
             spread: String::new(),
             lost: 0,
             rounds: Vec::new(),
+            failure: None,
+        }
+    }
+
+    /// The row of a round whose measurement gave no figures: NaN rates, and why.
+    pub(crate) fn failed_round(kind: Kind, failure: String) -> Row {
+        Row {
+            peer: kind.name(),
+            rate: f64::NAN,
+            lateness: [0; 4],
+            early: 0,
+            spread: String::new(),
+            cpu_ns_per_op: f64::NAN,
+            lost: 0,
+            rounds: Vec::new(),
+            failure: Some(failure),
         }
     }
 }
 
 impl Row {
-    /// Whether the peer's own run failed: a timer fired early, or one due had not
-    /// fired when the wait for it ended.
+    /// Whether the peer's own run failed: a timer fired early, one due had not
+    /// fired when the wait for it ended, or a round's process failed.
     pub(crate) fn failed(&self) -> bool {
-        self.early > 0 || self.lost > 0
+        self.early > 0 || self.lost > 0 || self.failure.is_some()
     }
 }
 
-fn rpc(kind: Kind) -> Row {
+/// The timer workloads that have lateness: rpc, burst and firehose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimerWorkload {
+    /// Request timeouts on top of 1 M pending ([`rpc`]).
+    Rpc,
+    /// 1 M timers due at one instant ([`burst`]).
+    Burst,
+    /// 1 M timers from 2 producers without pause ([`firehose`]).
+    Firehose,
+}
+
+impl TimerWorkload {
+    /// Every one, in the report's order.
+    pub(crate) const ALL: [TimerWorkload; 3] = [
+        TimerWorkload::Rpc,
+        TimerWorkload::Burst,
+        TimerWorkload::Firehose,
+    ];
+
+    /// Its name (in `--cold-cell` and the report).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TimerWorkload::Rpc => "rpc",
+            TimerWorkload::Burst => "burst",
+            TimerWorkload::Firehose => "firehose",
+        }
+    }
+
+    /// The one named `name`, if any.
+    pub(crate) fn named(name: &str) -> Option<TimerWorkload> {
+        TimerWorkload::ALL.into_iter().find(|w| w.name() == name)
+    }
+
+    /// Measures it once on a fresh `kind`: producers pinned and callbacks plain
+    /// closures (the classic rows), or unpinned with boxed callbacks (`users`).
+    /// firehose's producers are always unpinned and its callbacks boxed.
+    pub(crate) fn measure(self, kind: Kind, users: bool) -> Row {
+        let shape = if users {
+            Shape::USERS
+        } else {
+            Shape::PINNED_EMPTY
+        };
+        match self {
+            TimerWorkload::Rpc => rpc(kind, shape),
+            TimerWorkload::Burst => burst(kind, shape),
+            TimerWorkload::Firehose => firehose(kind),
+        }
+    }
+}
+
+/// Schedules `callback` on `peer`, boxed as a `Box<dyn FnOnce() + Send>` where
+/// `shape` says so (the common shape in users' code).
+fn schedule_shaped(
+    peer: &peers::Peer,
+    delay: Duration,
+    shape: Shape,
+    callback: impl FnOnce() + Send + 'static,
+) -> Handle {
+    if shape.boxed {
+        let boxed: Box<dyn FnOnce() + Send> = Box::new(callback);
+        peer.schedule(delay, boxed)
+    } else {
+        peer.schedule(delay, callback)
+    }
+}
+
+fn rpc(kind: Kind, shape: Shape) -> Row {
     let peer = kind.start();
     let background = fill(&peer, BACKGROUND, 2);
     let tracker = Tracker::leak(REQUESTS, Instant::now(), Duration::ZERO);
@@ -116,14 +205,16 @@ fn rpc(kind: Kind) -> Row {
     let start = Instant::now();
     // Handles of requests left to time out, kept until they fired: dropping a tokio
     // future cancels it, so every peer keeps them alike.
-    let kept: Vec<Vec<(usize, Handle)>> = on_producers(2, |producer| {
+    let kept: Vec<Vec<(usize, Handle)>> = on_producers(2, shape.pinned, |producer| {
         let mut kept = Vec::new();
         let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (producer as u64 + 1);
         let mut window: std::collections::VecDeque<(usize, Handle)> = Default::default();
         let per = REQUESTS / 2;
         for index in producer * per..(producer + 1) * per {
             let deadline = Instant::now() + TIMEOUT;
-            let handle = peer.schedule(TIMEOUT, move || tracker.record(index, deadline));
+            let handle = schedule_shaped(&peer, TIMEOUT, shape, move || {
+                tracker.record(index, deadline)
+            });
             window.push_back((index, handle));
             if window.len() > WINDOW {
                 let (index, handle) = window.pop_front().unwrap();
@@ -166,14 +257,17 @@ fn rpc(kind: Kind) -> Row {
 }
 
 /// Runs `work(producer)` on `count` producer threads at once, each pinned
-/// ([`peers::pin_producer`]), and returns what each returned, in producer order.
-fn on_producers<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
+/// ([`peers::pin_producer`]) if `pinned`, and returns what each returned, in
+/// producer order.
+fn on_producers<T: Send>(count: usize, pinned: bool, work: impl Fn(usize) -> T + Sync) -> Vec<T> {
     std::thread::scope(|scope| {
         let producers: Vec<_> = (0..count)
             .map(|producer| {
                 let work = &work;
                 scope.spawn(move || {
-                    peers::pin_producer(producer);
+                    if pinned {
+                        peers::pin_producer(producer);
+                    }
                     work(producer)
                 })
             })
@@ -185,7 +279,7 @@ fn on_producers<T: Send>(count: usize, work: impl Fn(usize) -> T + Sync) -> Vec<
     })
 }
 
-fn burst(kind: Kind) -> Row {
+fn burst(kind: Kind, shape: Shape) -> Row {
     let peer = kind.start();
     let tracker = Tracker::leak(BURST, Instant::now(), Duration::ZERO);
     let cpu = CpuMeter::start();
@@ -196,11 +290,13 @@ fn burst(kind: Kind) -> Row {
     // lines of the tracker, as the single-threaded peers do, instead of sharing each
     // line of eight slots between its threads (interleaved halves cost every fire a
     // line transfer between cores: measured in the drain, not in the timer).
-    let kept: Vec<Vec<Handle>> = on_producers(2, |producer| {
+    let kept: Vec<Vec<Handle>> = on_producers(2, shape.pinned, |producer| {
         let mut kept = Vec::with_capacity(BURST / 2 + 1);
         for index in producer * BURST / 2..(producer + 1) * BURST / 2 {
             let delay = deadline.saturating_duration_since(Instant::now());
-            kept.push(peer.schedule(delay, move || tracker.record(index, deadline)));
+            kept.push(schedule_shaped(&peer, delay, shape, move || {
+                tracker.record(index, deadline)
+            }));
         }
         kept
     });
@@ -451,7 +547,7 @@ impl CpuMeter {
 
 /// Runs `workload` for every peer `rounds` times, interleaved, and keeps for each
 /// peer the round with the median rate (the early count is summed over all rounds).
-fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<Row> {
+fn median_rows(kinds: &[Kind], rounds: usize, workload: impl Fn(Kind) -> Row) -> Vec<Row> {
     let mut runs: Vec<Vec<Row>> = kinds.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds.max(1) {
         for (i, &kind) in kinds.iter().enumerate() {
@@ -462,6 +558,8 @@ fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<
         .map(|rows| {
             let early = rows.iter().map(|r| r.early).sum();
             let lost = rows.iter().map(|r| r.lost).sum();
+            let failures: Vec<&str> = rows.iter().filter_map(|r| r.failure.as_deref()).collect();
+            let failure = (!failures.is_empty()).then(|| failures.join("; "));
             let rounds = rows.iter().map(|r| (r.rate, r.cpu_ns_per_op)).collect();
             let (low, high) = rows
                 .iter()
@@ -472,6 +570,7 @@ fn median_rows(kinds: &[Kind], rounds: usize, workload: fn(Kind) -> Row) -> Vec<
             let mut median = median_by(rows, |row| row.rate);
             median.early = early;
             median.lost = lost;
+            median.failure = failure;
             median.rounds = rounds;
             median.spread = spread;
             median
@@ -582,22 +681,57 @@ pub(crate) struct CompareReport {
     /// schedule and schedule+cancel in the users' conditions: a fresh process per
     /// cell, unpinned producers, boxed callbacks; quiet, then beside busy loops.
     pub(crate) conditions: ConditionsReport,
-    /// rpc, burst and firehose again, beside busy loops.
-    pub(crate) busy: BusyRows,
+    /// rpc, burst and firehose again in the users' conditions, quiet and busy.
+    pub(crate) users: UsersRows,
 }
 
-/// rpc, burst and firehose beside busy loops (`conditions::beside_busy_loops`), on
-/// sharded-timer and the outside peers.
+/// rpc, burst and firehose in the users' conditions, on sharded-timer and the
+/// outside peers: each round of each peer in a fresh process of the driver
+/// (`--cold-cell`), producers unpinned, callbacks boxed; quiet, then beside busy
+/// loops (`conditions::beside_busy_loops`).
 #[derive(Debug, Serialize)]
-pub(crate) struct BusyRows {
-    /// Busy-loop threads that ran beside them.
+pub(crate) struct UsersRows {
+    /// Busy-loop threads that ran beside the busy rows.
     pub(crate) loops: usize,
+    /// Quiet.
+    pub(crate) quiet: TimerRows,
+    /// Beside the busy loops.
+    pub(crate) busy: TimerRows,
+}
+
+/// rpc, burst and firehose rows, sharded-timer first in each.
+#[derive(Debug, Serialize)]
+pub(crate) struct TimerRows {
     /// As [`CompareReport::rpc`].
     pub(crate) rpc: Vec<Row>,
     /// As [`CompareReport::burst`].
     pub(crate) burst: Vec<Row>,
     /// As [`CompareReport::firehose`].
     pub(crate) firehose: Vec<Row>,
+}
+
+impl TimerRows {
+    /// Every workload's rows, each on `kinds`, `rounds` interleaved, each round of
+    /// each peer in a fresh process.
+    fn cold(kinds: &[Kind], rounds: usize) -> TimerRows {
+        let mut rows = TimerWorkload::ALL.into_iter().map(|workload| {
+            median_rows(kinds, rounds, |kind| conditions::cold_row(workload, kind))
+        });
+        TimerRows {
+            rpc: rows.next().expect("three workloads"),
+            burst: rows.next().expect("three workloads"),
+            firehose: rows.next().expect("three workloads"),
+        }
+    }
+
+    /// Each workload's name and rows.
+    pub(crate) fn each(&self) -> [(TimerWorkload, &Vec<Row>); 3] {
+        [
+            (TimerWorkload::Rpc, &self.rpc),
+            (TimerWorkload::Burst, &self.burst),
+            (TimerWorkload::Firehose, &self.firehose),
+        ]
+    }
 }
 
 /// Runs every workload on each peer named in `only` (all when empty), `rounds` times
@@ -610,7 +744,9 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
         .filter(|k| only.is_empty() || only.iter().any(|name| name == k.name()))
         .collect();
     let memory = memory_of(&kinds);
-    let rpc_rows = median_rows(&kinds, rounds, rpc);
+    let classic =
+        |workload: TimerWorkload| median_rows(&kinds, rounds, |kind| workload.measure(kind, false));
+    let rpc_rows = classic(TimerWorkload::Rpc);
     if !quiet {
         print(
             "rpc: schedule+cancel pairs/s (2 producers, 1 M pending), lateness of the 3 % that time out",
@@ -618,7 +754,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             &rpc_rows,
         );
     }
-    let burst_rows = median_rows(&kinds, rounds, burst);
+    let burst_rows = classic(TimerWorkload::Burst);
     if !quiet {
         print(
             "burst: 1 M timers due together, drain rate",
@@ -626,7 +762,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             &burst_rows,
         );
     }
-    let firehose_rows = median_rows(&kinds, rounds, firehose);
+    let firehose_rows = classic(TimerWorkload::Firehose);
     if !quiet {
         print(
             "firehose: 1 M timers due in 10-1000 ms from 2 unpinned producers without pause, schedule rate; lateness of every timer",
@@ -634,32 +770,41 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             &firehose_rows,
         );
     }
-    // The same three beside busy loops: sharded-timer and the outside peers.
-    let busy_kinds: Vec<Kind> = [Kind::Sharded, Kind::Tokio, Kind::NettyStyle, Kind::Heap]
+    // The same three in the users' conditions: sharded-timer and the outside peers,
+    // each round in a fresh process, quiet and then beside busy loops.
+    let users_kinds: Vec<Kind> = [Kind::Sharded, Kind::Tokio, Kind::NettyStyle, Kind::Heap]
         .into_iter()
         .filter(|k| kinds.contains(k))
         .collect();
-    let (loops, (busy_rpc, busy_burst, busy_firehose)) = conditions::beside_busy_loops(|| {
-        (
-            median_rows(&busy_kinds, rounds, rpc),
-            median_rows(&busy_kinds, rounds, burst),
-            median_rows(&busy_kinds, rounds, firehose),
-        )
-    });
+    let users_quiet = TimerRows::cold(&users_kinds, rounds);
+    let (loops, users_busy) =
+        conditions::beside_busy_loops(|| TimerRows::cold(&users_kinds, rounds));
     if !quiet {
-        for (title, unit, rows) in [
-            ("rpc", "pairs/s", &busy_rpc),
-            ("burst", "fired/s", &busy_burst),
-            ("firehose", "timers/s", &busy_firehose),
-        ] {
-            print(&format!("{title}, beside {loops} busy loops"), unit, rows);
+        for (condition, rows) in ["quiet".to_owned(), format!("beside {loops} busy loops")]
+            .iter()
+            .zip([&users_quiet, &users_busy])
+        {
+            for (workload, rows) in rows.each() {
+                let unit = match workload {
+                    TimerWorkload::Rpc => "pairs/s",
+                    TimerWorkload::Burst => "fired/s",
+                    TimerWorkload::Firehose => "timers/s",
+                };
+                print(
+                    &format!(
+                        "{}, cold, unpinned, boxed callbacks, {condition}",
+                        workload.name()
+                    ),
+                    unit,
+                    rows,
+                );
+            }
         }
     }
-    let busy = BusyRows {
+    let users = UsersRows {
         loops,
-        rpc: busy_rpc,
-        burst: busy_burst,
-        firehose: busy_firehose,
+        quiet: users_quiet,
+        busy: users_busy,
     };
     let producers = vec![1, 2, 8];
     let mut samples = vec![vec![Vec::new(); 2 * producers.len()]; kinds.len()];
@@ -704,7 +849,7 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
     let conditions = conditions::run(&condition_kinds, rounds, quiet);
     let report = CompareReport {
         conditions,
-        busy,
+        users,
         rounds,
         rpc: rpc_rows,
         burst: burst_rows,
@@ -802,18 +947,22 @@ fn print_rest(report: &CompareReport) {
             our_bytes / bytes
         );
     }
-    let early: u64 = report
-        .rpc
-        .iter()
-        .chain(&report.burst)
-        .map(|r| r.early)
-        .sum();
+    let early = report.early();
     println!("\nearly fires across all peers: {early}");
 }
 
 impl CompareReport {
     /// Early fires in every workload and peer (must be 0).
     pub(crate) fn early(&self) -> u64 {
-        self.rpc.iter().chain(&self.burst).map(|r| r.early).sum()
+        let users = [&self.users.quiet, &self.users.busy]
+            .into_iter()
+            .flat_map(|rows| rows.each().into_iter().flat_map(|(_, rows)| rows.iter()));
+        self.rpc
+            .iter()
+            .chain(&self.burst)
+            .chain(&self.firehose)
+            .chain(users)
+            .map(|r| r.early)
+            .sum()
     }
 }

@@ -2,10 +2,11 @@
 //! service meets them in production, for every peer alike.
 //!
 //! - **Cold**: each measurement is its own process (the driver runs itself with the
-//!   hidden `--cold-cell PEER:PRODUCERS:CANCEL`), so every peer is measured as a newly
+//!   hidden `--cold-cell CELL`, [`Cell`]), so every peer is measured as a newly
 //!   started service: its first million timers, its memory not yet warmed by an
 //!   earlier round (sharded-timer's entry pool, the allocator's arenas, the page
-//!   tables).
+//!   tables). rpc, burst, firehose, the async timeouts and net run the same way
+//!   ([`cold_row`], [`cold_timeout`], [`cold_net`]).
 //! - **Unpinned**: producer threads go where the OS puts them, as a runtime's workers
 //!   do.
 //! - **The common callback**: a `Box<dyn FnOnce() + Send>` with a 16-byte capture, made
@@ -24,10 +25,14 @@ use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::modes::compare::{schedule_rate_shaped, Rounds, Shape};
+use crate::modes::compare::{schedule_rate_shaped, Rounds, Row, Shape, TimerWorkload};
+use crate::modes::timeouts;
 use crate::peers::Kind;
+use crate::workloads::net::{self, NetRound};
+use crate::Common;
 
 /// Busy-loop threads per core in the busy cells.
 pub(crate) const BUSY_LOOPS_PER_CORE: usize = 4;
@@ -106,7 +111,12 @@ pub(crate) fn run(kinds: &[Kind], rounds: usize, quiet: bool) -> ConditionsRepor
         for _ in 0..rounds.max(1) {
             for (c, &(cancel, producers)) in shapes.iter().enumerate() {
                 for (k, &kind) in kinds.iter().enumerate() {
-                    cells[c][k].push(cold_cell(kind, producers, cancel));
+                    let cell = Cell::Schedule {
+                        kind,
+                        producers,
+                        cancel,
+                    };
+                    cells[c][k].push(in_fresh_process(&cell));
                 }
             }
         }
@@ -192,21 +202,161 @@ fn print(column: &Column, busy_loops: usize) {
     );
 }
 
-/// Runs one cell in a fresh process: the driver itself with `--cold-cell`. Returns
-/// its rate and CPU ns per operation, or what went wrong.
-fn cold_cell(kind: Kind, producers: usize, cancel: bool) -> CellResult {
+/// One measurement in a fresh process: what the hidden `--cold-cell` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cell {
+    /// schedule (or schedule+cancel) of 1 M timers from `producers` unpinned
+    /// producers, boxed callbacks: `schedule:PEER:PRODUCERS:CANCEL`.
+    Schedule {
+        /// The peer.
+        kind: Kind,
+        /// Producer threads.
+        producers: usize,
+        /// schedule+cancel.
+        cancel: bool,
+    },
+    /// rpc, burst or firehose, producers unpinned, callbacks boxed: `WORKLOAD:PEER`.
+    Timers {
+        /// The workload.
+        workload: TimerWorkload,
+        /// The peer.
+        kind: Kind,
+    },
+    /// One async timeouts run: `async-pending:PEER` or `async-ready:PEER`.
+    Timeout {
+        /// The peer.
+        peer: timeouts::Peer,
+        /// The inner future's shape.
+        shape: timeouts::Shape,
+    },
+    /// One net round: `net:PEER:CONNECTIONS`.
+    Net {
+        /// The peer.
+        peer: net::Peer,
+        /// Connections.
+        connections: usize,
+    },
+}
+
+impl Cell {
+    /// Its `--cold-cell` spelling, which [`Cell::parse`] reads back.
+    pub(crate) fn spec(&self) -> String {
+        match *self {
+            Cell::Schedule {
+                kind,
+                producers,
+                cancel,
+            } => format!("schedule:{}:{producers}:{cancel}", kind.name()),
+            Cell::Timers { workload, kind } => format!("{}:{}", workload.name(), kind.name()),
+            Cell::Timeout { peer, shape } => {
+                format!("async-{}:{}", shape.name(), peer.name())
+            }
+            Cell::Net { peer, connections } => {
+                format!("net:{}:{connections}", peer.spec_name())
+            }
+        }
+    }
+
+    /// Reads a `--cold-cell` spelling.
+    ///
+    /// # Errors
+    ///
+    /// A message saying what is wrong with `spec`.
+    pub(crate) fn parse(spec: &str) -> Result<Cell, String> {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let wrong = || {
+            format!(
+                "--cold-cell {spec}: expected schedule:PEER:PRODUCERS:CANCEL, rpc:PEER, burst:PEER, firehose:PEER, async-pending:PEER, async-ready:PEER or net:PEER:CONNECTIONS"
+            )
+        };
+        let positive = |text: &str, what: &str| -> Result<usize, String> {
+            text.parse()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("--cold-cell: {what} {text:?} is not a positive count"))
+        };
+        match parts.as_slice() {
+            ["schedule", name, producers, cancel] => Ok(Cell::Schedule {
+                kind: kind_named(name)?,
+                producers: positive(producers, "producers")?,
+                cancel: cancel
+                    .parse()
+                    .map_err(|_| format!("--cold-cell: cancel {cancel:?} is not true or false"))?,
+            }),
+            [workload, name] if TimerWorkload::named(workload).is_some() => Ok(Cell::Timers {
+                workload: TimerWorkload::named(workload).ok_or_else(wrong)?,
+                kind: kind_named(name)?,
+            }),
+            [shape, name] if shape.starts_with("async-") => Ok(Cell::Timeout {
+                shape: timeouts::Shape::named(&shape["async-".len()..]).ok_or_else(wrong)?,
+                peer: timeouts::Peer::named(name)
+                    .ok_or_else(|| format!("--cold-cell: no async peer named {name:?}"))?,
+            }),
+            ["net", name, connections] => Ok(Cell::Net {
+                peer: net::Peer::named(name)
+                    .ok_or_else(|| format!("--cold-cell: no net peer named {name:?}"))?,
+                connections: positive(connections, "connections")?,
+            }),
+            _ => Err(wrong()),
+        }
+    }
+}
+
+/// The timer peer named `name`.
+fn kind_named(name: &str) -> Result<Kind, String> {
+    Kind::ALL
+        .into_iter()
+        .chain([
+            Kind::TokioTimeout,
+            Kind::ShardedInline,
+            Kind::ShardedSpawn,
+            Kind::ShardedById,
+        ])
+        .find(|kind| kind.name() == name)
+        .ok_or_else(|| format!("--cold-cell: no peer named {name:?}"))
+}
+
+/// rpc, burst or firehose on `kind` in a fresh process: its row, or a failed row
+/// saying what went wrong with the process.
+pub(crate) fn cold_row(workload: TimerWorkload, kind: Kind) -> Row {
+    match in_fresh_process::<Row>(&Cell::Timers { workload, kind }) {
+        Ok(mut row) => {
+            row.peer = kind.name();
+            row
+        }
+        Err(failure) => Row::failed_round(kind, failure),
+    }
+}
+
+/// One async timeouts run of `peer` and `shape` in a fresh process: (timeouts/s, CPU
+/// ns per timeout) and the timeouts that elapsed, or what went wrong.
+pub(crate) fn cold_timeout(
+    peer: timeouts::Peer,
+    shape: timeouts::Shape,
+) -> Result<((f64, f64), u64), String> {
+    in_fresh_process(&Cell::Timeout { peer, shape })
+}
+
+/// One net round of `peer` over `connections` in a fresh process, or what went
+/// wrong.
+pub(crate) fn cold_net(peer: net::Peer, connections: usize) -> Result<NetRound, String> {
+    in_fresh_process(&Cell::Net { peer, connections })
+}
+
+/// Runs `cell` in a fresh process (the driver itself with `--cold-cell`) and reads
+/// back what it printed: its figures, or what went wrong.
+fn in_fresh_process<T: DeserializeOwned>(cell: &Cell) -> Result<T, String> {
     let exe = std::env::current_exe().map_err(|error| format!("current_exe: {error}"))?;
-    let spec = format!("{}:{producers}:{cancel}", kind.name());
     let mut child = Command::new(exe)
-        .args(["--cold-cell", &spec])
+        .args(["--cold-cell", &cell.spec()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|error| format!("starting the cell's process: {error}"))?;
     let started = Instant::now();
-    // The cell prints one short line (and a panic a few more): less than a pipe's
-    // buffer, so waiting before reading cannot block the child.
+    // The cell prints one line (and a panic a few more): less than a pipe's buffer,
+    // so waiting before reading cannot block the child.
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -230,63 +380,55 @@ fn cold_cell(kind: Kind, producers: usize, cancel: bool) -> CellResult {
             stderr.lines().last().unwrap_or("")
         ));
     }
-    parse_cell(&stdout).ok_or_else(|| format!("unreadable cell output {stdout:?}"))
+    parse_cell(&stdout)
 }
 
-/// The figures from a cell's output line, `cold-cell RATE CPU_NS`.
-fn parse_cell(output: &str) -> Option<(f64, f64)> {
-    let line = output.lines().find(|l| l.starts_with("cold-cell "))?;
-    let mut fields = line.split_whitespace().skip(1);
-    let rate = fields.next()?.parse().ok()?;
-    let cpu = fields.next()?.parse().ok()?;
-    Some((rate, cpu))
-}
-
-/// What `--cold-cell` names: a peer, producer threads, and whether to cancel.
-fn parse_spec(spec: &str) -> Result<(Kind, usize, bool), String> {
-    let mut parts = spec.split(':');
-    let (Some(name), Some(producers), Some(cancel), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(format!(
-            "--cold-cell {spec}: expected PEER:PRODUCERS:CANCEL"
-        ));
-    };
-    let kind = Kind::ALL
-        .into_iter()
-        .chain([
-            Kind::TokioTimeout,
-            Kind::ShardedInline,
-            Kind::ShardedSpawn,
-            Kind::ShardedById,
-        ])
-        .find(|kind| kind.name() == name)
-        .ok_or_else(|| format!("--cold-cell: no peer named {name:?}"))?;
-    let producers: usize =
-        producers.parse().ok().filter(|&p| p > 0).ok_or_else(|| {
-            format!("--cold-cell: producers {producers:?} is not a positive count")
-        })?;
-    let cancel = cancel
-        .parse()
-        .map_err(|_| format!("--cold-cell: cancel {cancel:?} is not true or false"))?;
-    Ok((kind, producers, cancel))
+/// The figures from a cell's output line, `cold-cell JSON`.
+fn parse_cell<T: DeserializeOwned>(output: &str) -> Result<T, String> {
+    let line = output
+        .lines()
+        .find_map(|l| l.strip_prefix("cold-cell "))
+        .ok_or_else(|| format!("no cold-cell line in the cell's output {output:?}"))?;
+    serde_json::from_str(line).map_err(|error| format!("unreadable cell output {line:?}: {error}"))
 }
 
 /// The hidden `--cold-cell` mode: measures one cell in this (fresh) process, prints
-/// `cold-cell RATE CPU_NS` and exits without dropping the peer (the parent measured
-/// what it needed; a million handles' drop would only delay the next cell).
-pub(crate) fn cell_main(spec: &str) -> ! {
-    let (kind, producers, cancel) = match parse_spec(spec) {
+/// `cold-cell JSON` and exits without dropping the peer (the parent measured what it
+/// needed; a million handles' drop would only delay the next cell).
+pub(crate) fn cell_main(spec: &str, common: &Common) -> ! {
+    let cell = match Cell::parse(spec) {
         Ok(cell) => cell,
         Err(message) => {
             eprintln!("error: {message}");
             std::process::exit(2);
         }
     };
-    let peer = kind.start();
-    let (rate, cpu_ns) = schedule_rate_shaped(&peer, producers, cancel, Shape::USERS);
+    let figures = match cell {
+        Cell::Schedule {
+            kind,
+            producers,
+            cancel,
+        } => {
+            let peer = kind.start();
+            let figures = schedule_rate_shaped(&peer, producers, cancel, Shape::USERS);
+            std::mem::forget(peer);
+            serde_json::to_string(&figures)
+        }
+        Cell::Timers { workload, kind } => serde_json::to_string(&workload.measure(kind, true)),
+        Cell::Timeout { peer, shape } => serde_json::to_string(&timeouts::run_once(peer, shape)),
+        Cell::Net { peer, connections } => {
+            serde_json::to_string(&net::round(common, peer, connections))
+        }
+    };
+    let line = match figures {
+        Ok(line) => line,
+        Err(error) => {
+            eprintln!("error: the cell's figures do not serialise: {error}");
+            std::process::exit(1);
+        }
+    };
     let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "cold-cell {rate} {cpu_ns}");
+    let _ = writeln!(stdout, "cold-cell {line}");
     let _ = stdout.flush();
     std::process::exit(0);
 }
@@ -358,26 +500,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cell_spec_names_a_peer_a_positive_producer_count_and_a_cancel_flag() {
-        let (kind, producers, cancel) = parse_spec("netty-style:8:true").expect("valid");
-        assert_eq!(kind, Kind::NettyStyle);
-        assert_eq!(producers, 8);
-        assert!(cancel);
-        assert!(parse_spec("netty-style:0:true").is_err());
-        assert!(parse_spec("no-such-peer:1:false").is_err());
-        assert!(parse_spec("tokio:1:maybe").is_err());
-        assert!(parse_spec("tokio:1").is_err());
-        assert!(parse_spec("tokio:1:false:extra").is_err());
+    fn a_cell_spec_reads_back_as_written_and_anything_else_is_refused() {
+        let cells = [
+            Cell::Schedule {
+                kind: Kind::NettyStyle,
+                producers: 8,
+                cancel: true,
+            },
+            Cell::Timers {
+                workload: TimerWorkload::Firehose,
+                kind: Kind::Tokio,
+            },
+            Cell::Timeout {
+                peer: timeouts::Peer::Pingora,
+                shape: timeouts::Shape::PendingOnce,
+            },
+            Cell::Timeout {
+                peer: timeouts::Peer::Ours,
+                shape: timeouts::Shape::Ready,
+            },
+            Cell::Net {
+                peer: net::Peer::Tokio,
+                connections: 2000,
+            },
+        ];
+        for cell in cells {
+            assert_eq!(Cell::parse(&cell.spec()), Ok(cell), "{}", cell.spec());
+        }
+        assert_eq!(Cell::parse("schedule:netty-style:8:true"), Ok(cells[0]));
+        for wrong in [
+            "schedule:netty-style:0:true",
+            "schedule:no-such-peer:1:false",
+            "schedule:tokio:1:maybe",
+            "schedule:tokio:1",
+            "schedule:tokio:1:false:extra",
+            "netty-style:8:true",
+            "rpc:no-such-peer",
+            "rpc:tokio:1",
+            "async-sometimes:pingora",
+            "async-ready:netty-style",
+            "net:tokio:0",
+            "net:heap:10",
+            "",
+        ] {
+            assert!(Cell::parse(wrong).is_err(), "{wrong} was accepted");
+        }
     }
 
     #[test]
-    fn a_cell_line_gives_rate_and_cpu_and_anything_else_is_unreadable() {
+    fn a_cell_line_gives_its_figures_and_anything_else_is_unreadable() {
         assert_eq!(
-            parse_cell("noise\ncold-cell 1234.5 678.25\n"),
-            Some((1234.5, 678.25))
+            parse_cell::<(f64, f64)>("noise\ncold-cell [1234.5,678.25]\n"),
+            Ok((1234.5, 678.25))
         );
-        assert_eq!(parse_cell("cold-cell 1234.5\n"), None);
-        assert_eq!(parse_cell("cold-cell x 1\n"), None);
-        assert_eq!(parse_cell(""), None);
+        assert!(parse_cell::<(f64, f64)>("cold-cell [1234.5]\n").is_err());
+        assert!(parse_cell::<(f64, f64)>("cold-cell x 1\n").is_err());
+        assert!(parse_cell::<(f64, f64)>("").is_err());
     }
 }

@@ -55,11 +55,16 @@ impl Peer {
             Peer::Pingora => "pingora",
         }
     }
+
+    /// The peer named `name`, if any.
+    pub(crate) fn named(name: &str) -> Option<Peer> {
+        Peer::ALL.into_iter().find(|peer| peer.name() == name)
+    }
 }
 
 /// The inner future's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Shape {
+pub(crate) enum Shape {
     /// Pending at the first poll (waking itself), ready at the second.
     PendingOnce,
     /// Ready at the first poll.
@@ -86,6 +91,22 @@ impl Future for Reply {
 }
 
 impl Shape {
+    /// Both shapes, in the report's order.
+    pub(crate) const ALL: [Shape; 2] = [Shape::PendingOnce, Shape::Ready];
+
+    /// Its name in `--cold-cell` (after `async-`).
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Shape::PendingOnce => "pending",
+            Shape::Ready => "ready",
+        }
+    }
+
+    /// The shape named `name`, if any.
+    pub(crate) fn named(name: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|shape| shape.name() == name)
+    }
+
     /// A fresh inner future of this shape.
     fn reply(self) -> Reply {
         Reply {
@@ -113,11 +134,30 @@ pub(crate) struct TimeoutRow {
     /// Timeouts that elapsed (none should: every reply is ready within two polls),
     /// over every round: pending once, then ready.
     pub(crate) timed_out: (u64, u64),
+    /// Why a round gave no figures (its fresh process failed), pending once then
+    /// ready, if one did.
+    pub(crate) failure: (Option<String>, Option<String>),
 }
+
+/// The async section in the users' conditions: every round of every peer in a fresh
+/// process (`--cold-cell`), quiet, then beside busy loops.
+#[derive(Debug, Serialize)]
+pub(crate) struct UsersTimeouts {
+    /// Busy-loop threads beside the busy rows.
+    pub(crate) loops: usize,
+    /// Quiet.
+    pub(crate) quiet: Vec<TimeoutRow>,
+    /// Beside the busy loops.
+    pub(crate) busy: Vec<TimeoutRow>,
+}
+
+/// One run's figures: (timeouts/s, CPU ns per timeout) and the timeouts that
+/// elapsed, or why the run gave none.
+type Sample = Result<((f64, f64), u64), String>;
 
 /// Runs `TASKS × PER_TASK` timeouts of `shape` on `peer`; returns (timeouts/s, CPU ns
 /// per timeout) and the timeouts that elapsed.
-fn run_once(peer: Peer, shape: Shape) -> ((f64, f64), u64) {
+pub(crate) fn run_once(peer: Peer, shape: Shape) -> ((f64, f64), u64) {
     let workers = std::thread::available_parallelism().map_or(2, usize::from);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -177,8 +217,39 @@ fn run_once(peer: Peer, shape: Shape) -> ((f64, f64), u64) {
 }
 
 /// Runs every peer named in `only` (all if empty), `rounds` interleaved rounds per
-/// shape, and keeps each figure's median round.
+/// shape, in this process, and keeps each figure's median round.
 pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> Vec<TimeoutRow> {
+    let rows = rows(rounds, only, |peer, shape| Ok(run_once(peer, shape)));
+    if !quiet {
+        print(&rows, rounds, "warm, in this process");
+    }
+    rows
+}
+
+/// [`run`] in the users' conditions: each run in a fresh process, quiet, then beside
+/// busy loops.
+pub(crate) fn run_users(rounds: usize, only: &[String], quiet: bool) -> UsersTimeouts {
+    let cold = || rows(rounds, only, crate::modes::conditions::cold_timeout);
+    let quiet_rows = cold();
+    let (loops, busy_rows) = crate::modes::conditions::beside_busy_loops(cold);
+    if !quiet {
+        print(&quiet_rows, rounds, "a fresh process per run, quiet");
+        print(
+            &busy_rows,
+            rounds,
+            &format!("a fresh process per run, beside {loops} busy loops"),
+        );
+    }
+    UsersTimeouts {
+        loops,
+        quiet: quiet_rows,
+        busy: busy_rows,
+    }
+}
+
+/// Every peer named in `only` (all if empty), `rounds` interleaved rounds per shape,
+/// each measured by `sample`; each figure's median round.
+fn rows(rounds: usize, only: &[String], sample: impl Fn(Peer, Shape) -> Sample) -> Vec<TimeoutRow> {
     // pingora's fast_timeout hands durations above a threshold (15 min by default) to
     // tokio: 1 s stays on its own timer, as in the proxies it was written for.
     debug_assert!(TIMEOUT < pingora_timeout::fast_timeout::DEFAULT_FAST_TIMEOUT_TO_TOKIO_THRESHOLD);
@@ -189,40 +260,53 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> Vec<TimeoutRow
     let mut samples: Vec<[Vec<(f64, f64)>; 2]> =
         peers.iter().map(|_| [Vec::new(), Vec::new()]).collect();
     let mut timed_out: Vec<[u64; 2]> = peers.iter().map(|_| [0, 0]).collect();
+    let mut failures: Vec<[Vec<String>; 2]> =
+        peers.iter().map(|_| [Vec::new(), Vec::new()]).collect();
     for _ in 0..rounds.max(1) {
         for (index, &peer) in peers.iter().enumerate() {
-            for (column, shape) in [Shape::PendingOnce, Shape::Ready].into_iter().enumerate() {
-                let (sample, elapsed) = run_once(peer, shape);
-                samples[index][column].push(sample);
-                timed_out[index][column] += elapsed;
+            for (column, shape) in Shape::ALL.into_iter().enumerate() {
+                match sample(peer, shape) {
+                    Ok((figures, elapsed)) => {
+                        samples[index][column].push(figures);
+                        timed_out[index][column] += elapsed;
+                    }
+                    Err(failure) => {
+                        samples[index][column].push((f64::NAN, f64::NAN));
+                        failures[index][column].push(failure);
+                    }
+                }
             }
         }
     }
-    let rows: Vec<TimeoutRow> = peers
+    let joined = |failures: &[String]| (!failures.is_empty()).then(|| failures.join("; "));
+    peers
         .iter()
         .zip(samples)
         .zip(timed_out)
+        .zip(failures)
         .map(
-            |((peer, [pending_once, ready]), [late_once, late_ready])| TimeoutRow {
-                peer: peer.name(),
-                pending_once: median_by(pending_once.clone(), |sample| sample.0),
-                ready: median_by(ready.clone(), |sample| sample.0),
-                pending_once_rounds: pending_once,
-                ready_rounds: ready,
-                timed_out: (late_once, late_ready),
+            |(
+                ((peer, [pending_once, ready]), [late_once, late_ready]),
+                [fail_once, fail_ready],
+            )| {
+                TimeoutRow {
+                    peer: peer.name(),
+                    pending_once: median_by(pending_once.clone(), |sample| sample.0),
+                    ready: median_by(ready.clone(), |sample| sample.0),
+                    pending_once_rounds: pending_once,
+                    ready_rounds: ready,
+                    timed_out: (late_once, late_ready),
+                    failure: (joined(&fail_once), joined(&fail_ready)),
+                }
             },
         )
-        .collect();
-    if !quiet {
-        print(&rows, rounds);
-    }
-    rows
+        .collect()
 }
 
 /// Prints the section's table and a verdict line.
-fn print(rows: &[TimeoutRow], rounds: usize) {
+fn print(rows: &[TimeoutRow], rounds: usize, condition: &str) {
     println!(
-        "\nasync timeouts: {TASKS} tokio tasks × {PER_TASK} timeout(1 s, f) each, {} workers; M timeouts/s and CPU ns per timeout (median of {rounds} interleaved rounds); ratio = sharded-timer / peer",
+        "\nasync timeouts ({condition}): {TASKS} tokio tasks × {PER_TASK} timeout(1 s, f) each, {} workers; M timeouts/s and CPU ns per timeout (median of {rounds} interleaved rounds); ratio = sharded-timer / peer",
         std::thread::available_parallelism().map_or(2, usize::from)
     );
     println!(
@@ -248,6 +332,9 @@ fn print(rows: &[TimeoutRow], rounds: usize) {
                 "{}: FAILED RUN: {} + {} timeouts elapsed around replies ready within two polls",
                 row.peer, row.timed_out.0, row.timed_out.1
             );
+        }
+        for failure in [&row.failure.0, &row.failure.1].into_iter().flatten() {
+            println!("{}: FAILED RUN: {failure}", row.peer);
         }
     }
 }

@@ -82,7 +82,7 @@ const QUIET: u8 = b'q';
 
 /// Whose timers the server and clients use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Peer {
+pub(crate) enum Peer {
     /// sharded-timer: `timeout` and a resettable `sleep`, inline callbacks.
     Ours,
     /// `tokio::time::timeout` and `tokio::time::sleep`.
@@ -92,6 +92,23 @@ enum Peer {
 }
 
 impl Peer {
+    /// Every peer, ours first.
+    pub(crate) const ALL: [Peer; 3] = [Peer::Ours, Peer::Tokio, Peer::Pingora];
+
+    /// The peer `name` names (as `--peers` does), if any.
+    pub(crate) fn named(name: &str) -> Option<Peer> {
+        Peer::ALL.into_iter().find(|peer| peer.is_named(name))
+    }
+
+    /// Its name in `--peers` (and in `--cold-cell`).
+    pub(crate) fn spec_name(self) -> &'static str {
+        match self {
+            Peer::Ours => "sharded-timer",
+            Peer::Tokio => "tokio",
+            Peer::Pingora => "pingora",
+        }
+    }
+
     /// Whether `--peers` names it.
     fn is_named(self, name: &str) -> bool {
         match self {
@@ -102,7 +119,7 @@ impl Peer {
     }
 
     /// Its name in the report.
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Peer::Ours => "sharded-timer",
             Peer::Tokio => "tokio::time",
@@ -719,7 +736,7 @@ pub(crate) fn run(common: &Common, wanted: usize, only: &[String]) -> WorkloadRe
 
 /// One peer's round of the net workload, for `--compare --write`: the load phase's
 /// rate and CPU, the idle closes' lateness, and what went wrong (each must be 0).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct NetRound {
     /// Requests answered per second during the load phase.
     pub(crate) requests_per_sec: f64,
@@ -737,28 +754,47 @@ pub(crate) struct NetRound {
     pub(crate) busy_closed: u64,
     /// Idle closes before their deadline.
     pub(crate) early: u64,
+    /// Why the round gave no figures (its process failed), if it did.
+    #[serde(default)]
+    pub(crate) failure: Option<String>,
 }
 
 impl NetRound {
     /// Whether the round failed: any request timed out, client failed, close was
-    /// lost, early or of a busy connection.
+    /// lost, early or of a busy connection, or its process failed.
     pub(crate) fn failed(&self) -> bool {
         self.timed_out + self.failed + self.lost_closes + self.busy_closed + self.early > 0
+            || self.failure.is_some()
+    }
+
+    /// The round of a process that failed: NaN figures, and why.
+    pub(crate) fn failed_process(failure: String) -> NetRound {
+        NetRound {
+            requests_per_sec: f64::NAN,
+            cpu_ns_per_request: f64::NAN,
+            idle_close_lateness: Lateness::default(),
+            timed_out: 0,
+            failed: 0,
+            lost_closes: 0,
+            busy_closed: 0,
+            early: 0,
+            failure: Some(failure),
+        }
     }
 }
 
 /// The net workload over `wanted` connections (fewer if the descriptor limit cannot
 /// be raised that far) on sharded-timer and each peer `only` names (all when empty),
-/// `rounds` times interleaved. Returns the connections used and, per peer in order
-/// (sharded-timer first), its name and every round.
+/// `rounds` times interleaved, each round in a fresh process of the driver
+/// (`--cold-cell`). Returns the connections
+/// used and, per peer in order (sharded-timer first), its name and every round.
 pub(crate) fn rounds(
-    common: &Common,
     wanted: usize,
     rounds: usize,
     only: &[String],
 ) -> (usize, Vec<(&'static str, Vec<NetRound>)>) {
     let connections = connections_that_fit(wanted);
-    let peers: Vec<Peer> = [Peer::Ours, Peer::Tokio, Peer::Pingora]
+    let peers: Vec<Peer> = Peer::ALL
         .into_iter()
         .filter(|&peer| {
             peer == Peer::Ours || only.is_empty() || only.iter().any(|name| peer.is_named(name))
@@ -766,23 +802,33 @@ pub(crate) fn rounds(
         .collect();
     let mut runs: Vec<(&'static str, Vec<NetRound>)> =
         peers.iter().map(|peer| (peer.name(), Vec::new())).collect();
-    let quiet = connections as u64 / 2;
     for _ in 0..rounds.max(1) {
         for (index, &peer) in peers.iter().enumerate() {
-            let run = run_peer(common, peer, connections);
-            // ORDERING: Relaxed: the run has ended and its runtime is dropped.
-            let count = |f: fn(&Tally) -> &AtomicU64| f(&run.tally).load(Ordering::Relaxed);
-            runs[index].1.push(NetRound {
-                requests_per_sec: run.requests_per_sec,
-                cpu_ns_per_request: run.cpu_ns_per_request,
-                idle_close_lateness: run.lateness,
-                timed_out: count(|t| &t.timed_out),
-                failed: count(|t| &t.failed),
-                lost_closes: quiet.saturating_sub(count(|t| &t.quiet_closed)),
-                busy_closed: count(|t| &t.busy_closed),
-                early: count(|t| &t.early),
-            });
+            let round = crate::modes::conditions::cold_net(peer, connections)
+                .unwrap_or_else(NetRound::failed_process);
+            runs[index].1.push(round);
         }
     }
     (connections, runs)
+}
+
+/// One round of the net workload on `peer` over `connections` (this process's
+/// descriptor limit raised as far as it goes), for `--cold-cell`.
+pub(crate) fn round(common: &Common, peer: Peer, connections: usize) -> NetRound {
+    let connections = connections_that_fit(connections);
+    let quiet = connections as u64 / 2;
+    let run = run_peer(common, peer, connections);
+    // ORDERING: Relaxed: the run has ended and its runtime is dropped.
+    let count = |f: fn(&Tally) -> &AtomicU64| f(&run.tally).load(Ordering::Relaxed);
+    NetRound {
+        requests_per_sec: run.requests_per_sec,
+        cpu_ns_per_request: run.cpu_ns_per_request,
+        idle_close_lateness: run.lateness,
+        timed_out: count(|t| &t.timed_out),
+        failed: count(|t| &t.failed),
+        lost_closes: quiet.saturating_sub(count(|t| &t.quiet_closed)),
+        busy_closed: count(|t| &t.busy_closed),
+        early: count(|t| &t.early),
+        failure: None,
+    }
 }
