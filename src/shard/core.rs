@@ -172,6 +172,30 @@ impl ShardCore {
         self.wheel.reserve_lists(ANCHORED_LIST_CAPACITY);
     }
 
+    /// Whether a timer due at tick `deadline` can be filed now without growing the
+    /// wheel list it goes to. A direct filer or mover (`direct.rs`, ground rules:
+    /// lists grow on the shard's thread) that finds no room sends the timer or
+    /// message by its ring instead, so that every list of the wheel is allocated,
+    /// grown and shrunk by the shard's own thread, in its own allocator arena.
+    ///
+    /// Why (glibc): a block is reallocated and freed in the arena of the thread that
+    /// allocated it, and a free of 64 KiB or more (a drained list cut down by
+    /// `recycle`) first consolidates that arena's fast bins. [`anchor_lists`] covers
+    /// levels 0 and 1 from the start; a list first allocated by a producer (level 2 and
+    /// up, or one whose vector went to a draining batch) lived in the producer's
+    /// arena, full of the boxed callbacks freed as their timers fired, and the
+    /// shard's cut of it after its cascade took 40–55 ms, with every timer due
+    /// meanwhile that late (the warm firehose row, whose 1 M deadlines crossed a
+    /// level-2 boundary: p99 13–44 ms against the netty-style wheel's 1.8–2.6).
+    ///
+    /// Always `true` under loom: the models check the custody protocol, to which
+    /// this is a placement policy (its `false` takes the path of a held token).
+    ///
+    /// [`anchor_lists`]: Self::anchor_lists
+    pub fn has_room_for(&self, deadline: Tick) -> bool {
+        cfg!(loom) || self.wheel.has_room_for(deadline.get())
+    }
+
     /// The earliest tick with work in the wheel.
     pub fn next_expiry(&self) -> Option<Tick> {
         self.wheel.next_expiry().map(Tick::new)

@@ -42,6 +42,15 @@
 //!   rules: waiters first), so a firehose of producers filing back to back cannot
 //!   keep the owner's turn, and the expiry it runs, waiting for longer than one
 //!   single-entry hold per producer.
+//! - **Lists grow on the shard's thread.** A direct filing or move that would grow
+//!   the wheel list it goes to (no free place in its vector,
+//!   `ShardCore::has_room_for`) is not made: the timer or message goes by its ring,
+//!   as if the token were held, and the shard files it, growing the list in its own
+//!   allocator arena. With glibc the arena a block was allocated in is where it is
+//!   later grown, cut down and freed, and a producer's arena is full of the small
+//!   blocks (boxed callbacks) freed as its timers fire: a shard that cut down a list
+//!   a producer had allocated first paid for consolidating all of them, under its
+//!   token, with every due timer waiting (core.rs, `has_room_for`).
 //! - **No user code under the token.** References a direct operation gives up (a
 //!   cancelled entry's service reference, the wheel's) are dropped
 //!   after the token is given back, and the callback of a winning cancel is dropped by
@@ -143,6 +152,10 @@ fn file(
     // ground rules: waiters first).
     let filed = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
+        // Lists grow on the shard's thread (ground rules): no room, the ring.
+        if !core.has_room_for(deadline) {
+            return None;
+        }
         let cancelled = core.file_direct(entry.take().expect("filed once"));
         // ORDERING: Relaxed, inside our hold: the shard publishes its wake-up inside
         // its own hold, so the token orders that store before this read, or this read
@@ -187,6 +200,10 @@ pub(super) fn take(shard: &ShardShared, kind: Taken, entry: &EntryRef) -> bool {
     // As a filer, never ahead of a waiter.
     let taken = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
+        // A move re-files the entry: lists grow on the shard's thread (ground rules).
+        if kind == Taken::Move && !core.has_room_for(core.due_tick(entry)) {
+            return None;
+        }
         let unlinked = match kind {
             Taken::Cancel => core.cancel_direct(entry),
             Taken::Move => {
@@ -269,10 +286,12 @@ mod tests {
     use crate::shard::ShardShared;
     use crate::sync::Arc;
 
-    /// A shard with rings of `capacity` slots, its core in custody, no thread.
+    /// A shard with rings of `capacity` slots, its core in custody (its lowest lists
+    /// anchored, as its thread does first), no thread.
     fn shard(capacity: usize) -> (Arc<ShardShared>, Arc<Custody<InCustody>>, DirectPort) {
         let (shared, cursors) = ShardShared::with_time(capacity, TimeSource::System, None);
-        let core = ShardCore::new(shared.clone(), cursors, Tick::new(0), 1, None);
+        let mut core = ShardCore::new(shared.clone(), cursors, Tick::new(0), 1, None);
+        core.anchor_lists();
         let custody = Arc::new(Custody::new(InCustody::new(core)));
         // SAFETY: the test keeps `custody` until the core has shut down.
         unsafe { shared.custody.set(&custody) };
@@ -316,6 +335,69 @@ mod tests {
         let unfired = custody.with(|held| held.core_mut().unwrap().shut_down());
         assert_eq!(unfired.len(), 1, "the ring's timer comes back");
         drop((unfired, second));
+    }
+
+    /// Lists grow on the shard's thread (ground rules): a timer whose wheel list has
+    /// no free place goes by the ring even with the token free, and once the shard
+    /// has filed it (growing the list on its own thread) the next one files directly.
+    /// A move of an entry into a list with no room sends its message the same way.
+    /// Level 2 (deadlines 4,096 ticks or more away) is not anchored: its lists start
+    /// with no place at all.
+    #[test]
+    fn a_filing_that_would_grow_a_list_goes_by_the_ring_and_the_shard_grows_it() {
+        let (shared, custody, port) = shard(8);
+        let far = 5_000;
+        let (first, service) = timer(far);
+        assert!(port.schedule(&shared, service, Tick::new(far)).is_ok());
+        let load = shared.load();
+        assert_eq!(
+            (load.scheduled, load.in_ring),
+            (0, 1),
+            "no room in the level-2 list: the ring, though the token was free"
+        );
+        // The shard's turn files it, allocating the list on its own thread.
+        assert_eq!(
+            custody.with(|held| held.core_mut().unwrap().drain_inserts()),
+            1
+        );
+        let (second, service) = timer(far + 1);
+        assert!(port.schedule(&shared, service, Tick::new(far + 1)).is_ok());
+        let load = shared.load();
+        assert_eq!(
+            (load.scheduled, load.in_ring),
+            (2, 0),
+            "room now: filed directly"
+        );
+        // A level-0 list is anchored: room from the start.
+        let (near, service) = timer(3);
+        assert!(port.schedule(&shared, service, Tick::new(3)).is_ok());
+        assert_eq!(shared.load().in_ring, 0, "filed directly");
+        // A reset to an earlier deadline whose list has no room (level 2, another
+        // slot): its move message goes by the ring, though the token is free.
+        let (moved, service) = timer(20_000);
+        assert!(port.schedule(&shared, service, Tick::new(20_000)).is_ok());
+        custody.with(|held| held.core_mut().unwrap().drain_inserts());
+        let sent = shared.messages.reserved_since(0);
+        assert!(moved.reset(Nanos::new(10_000), &shared.port()));
+        assert_eq!(
+            shared.messages.reserved_since(0),
+            sent + 1,
+            "no room: the move went by the ring"
+        );
+        assert_eq!(
+            custody.with(|held| held.core_mut().unwrap().drain_messages()),
+            1
+        );
+        // Into a list with room, the mover takes it itself: no message.
+        assert!(moved.reset(Nanos::new(far + 2), &shared.port()));
+        assert_eq!(
+            shared.messages.reserved_since(0),
+            sent + 1,
+            "taken directly"
+        );
+        let unfired = custody.with(|held| held.core_mut().unwrap().shut_down());
+        assert_eq!(unfired.len(), 4);
+        drop((unfired, first, second, near, moved));
     }
 
     /// Waiters first (custody.rs): once the owner waits for the token, a producer that

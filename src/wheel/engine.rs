@@ -519,6 +519,18 @@ impl<R: Copy + PartialEq + core::fmt::Debug> Wheel<R> {
         )
     }
 
+    /// Whether an entry due at tick `deadline`, filed now, would find a free place in
+    /// its list's vector: filing it would allocate nothing.
+    pub(crate) fn has_room_for(&self, deadline: u64) -> bool {
+        let entries = if deadline <= self.now {
+            &self.overdue
+        } else {
+            let level = level_for(self.now, deadline);
+            &self.levels[level].slots[slot_for(deadline, level)]
+        };
+        entries.len() < entries.capacity()
+    }
+
     /// The capacity of list `list`'s vector (`level * 64 + slot`, or [`OVERDUE_LIST`]).
     #[cfg(test)]
     pub(crate) fn list_capacity(&mut self, list: u16) -> usize {
