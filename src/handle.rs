@@ -132,7 +132,10 @@ impl TimerHandle {
     /// destructor panics, calls `shutdown`, or drops the last clone of the service
     /// finds the service whole. Its captures are freed before `cancel` returns, except
     /// for a repeating timer whose run is under way: that run finishes, and its runner
-    /// drops the callback when it returns (no later run starts).
+    /// drops the callback when it returns (no later run starts). A run is under way
+    /// from the moment its runner begins it, which can be just before the callback's
+    /// first instruction: a body may be entered after a winning `cancel` returned, but
+    /// only while the captures have not been dropped, and only that one.
     ///
     /// # Panics
     ///

@@ -445,18 +445,38 @@ impl ShardShared {
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
     pub fn push_insert(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
-        self.push_insert_as(entry, deadline, false)
+        self.push_insert_as(entry, deadline, false, false)
+    }
+
+    /// As [`push_insert`](Self::push_insert), waking the shard whatever its plan: for
+    /// a timer that a direct filer left to the shard because its wheel list has no
+    /// free place (`direct.rs`, ground rules: lists grow on the shard's thread), so
+    /// that the shard grows the list now, not at its next planned wake-up, and the
+    /// filings after it go direct again.
+    ///
+    /// # Errors
+    ///
+    /// As [`push_insert`](Self::push_insert).
+    pub fn push_insert_to_grow(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
+        self.push_insert_as(entry, deadline, false, true)
     }
 
     /// As [`push_insert`](Self::push_insert); `refile` says it is a repeating timer's
-    /// next run (for a deferred push that finds the ring closed later).
+    /// next run (for a deferred push that finds the ring closed later); `wake_now`
+    /// wakes the shard whatever its plan ([`push_insert_to_grow`](Self::push_insert_to_grow)).
     fn push_insert_as(
         &self,
         entry: EntryRef,
         deadline: Tick,
         refile: bool,
+        wake_now: bool,
     ) -> Result<(), EntryRef> {
-        match self.push_and_wake(&self.insert, entry, Wake::Before(deadline)) {
+        let wake = if wake_now {
+            Wake::Always
+        } else {
+            Wake::Before(deadline)
+        };
+        match self.push_and_wake(&self.insert, entry, wake) {
             Ok(()) => {
                 own::retry_deferred_after_push();
                 Ok(())
@@ -593,7 +613,7 @@ impl ShardShared {
         // insert as soon as it is published.
         // ORDERING: Relaxed: a statistic, exact at quiescence.
         self.refiled.fetch_add(1, Ordering::Relaxed);
-        if let Err(entry) = self.push_insert_as(entry, next, true) {
+        if let Err(entry) = self.push_insert_as(entry, next, true, false) {
             // ORDERING: as above.
             self.refiled.fetch_sub(1, Ordering::Relaxed);
             self.hand_back_late(entry);

@@ -154,6 +154,19 @@ fn timers_filed_directly_into_a_sleeping_shard_count_at_once_and_wake_nobody() {
     assert!(shard_thread_sleeps("stat-s0"), "nobody woke the shard");
     let stats = timer.stats();
     assert_eq!((stats.in_rings, stats.scheduled, stats.pending), (0, 5, 5));
+    // A timer two hours away goes to a list with no place yet: by the ring, and it
+    // wakes the shard, which files it at once (growing that list) instead of at its
+    // planned wake-up 60 s away. (`stats()` above woke it: first it sleeps again.)
+    assert!(
+        wait_until(WAIT, || shard_thread_sleeps("stat-s0")),
+        "the shard parks again within {WAIT:?}"
+    );
+    let _other = timer.schedule(Duration::from_secs(7200), || {}).unwrap();
+    assert!(
+        wait_until(WAIT, || in_rings_shown(&timer) == (0, 6)),
+        "the shard filed it within {WAIT:?}: {:?}",
+        timer.stats()
+    );
 }
 
 #[test]

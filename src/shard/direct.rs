@@ -45,8 +45,9 @@
 //! - **Lists grow on the shard's thread.** A direct filing or move that would grow
 //!   the wheel list it goes to (no free place in its vector,
 //!   `ShardCore::has_room_for`) is not made: the timer or message goes by its ring,
-//!   as if the token were held, and the shard files it, growing the list in its own
-//!   allocator arena. With glibc the arena a block was allocated in is where it is
+//!   as if the token were held, waking the shard (whatever its plan), which files
+//!   it, growing the list in its own allocator arena; the filings after that go
+//!   direct again. With glibc the arena a block was allocated in is where it is
 //!   later grown, cut down and freed, and a producer's arena is full of the small
 //!   blocks (boxed callbacks) freed as its timers fire: a shard that cut down a list
 //!   a producer had allocated first paid for consolidating all of them, under its
@@ -133,27 +134,43 @@ impl DirectPort {
                 super::own::retry_deferred_after_push();
                 Ok(())
             }
-            Err(entry) => shard.push_insert(entry, deadline),
+            Err((entry, NotFiled::Busy)) => shard.push_insert(entry, deadline),
+            // The shard grows the list now (ground rules: lists grow on the
+            // shard's thread).
+            Err((entry, NotFiled::NoRoom)) => shard.push_insert_to_grow(entry, deadline),
         }
     }
 }
 
+/// Why a direct filing was not made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotFiled {
+    /// The token was held (or awaited), or the core gone.
+    Busy,
+    /// The wheel list the timer goes to has no free place (ground rules: lists grow
+    /// on the shard's thread).
+    NoRoom,
+}
+
 /// Files `entry`, due at tick `deadline`, into the wheel of the core in `custody`
-/// (`shard`'s) if the token is free and the core there; unparks the shard if it sleeps
-/// past `deadline`. The entry comes back otherwise, untouched.
+/// (`shard`'s) if the token is free, the core there and the timer's list has room;
+/// unparks the shard if it sleeps past `deadline`. The entry comes back otherwise,
+/// untouched, with the reason.
 fn file(
     custody: &Custody<InCustody>,
     shard: &ShardShared,
     entry: EntryRef,
     deadline: Tick,
-) -> Result<(), EntryRef> {
+) -> Result<(), (EntryRef, NotFiled)> {
     let mut entry = Some(entry);
+    let mut no_room = false;
     // Never ahead of a waiter (the owner's turn): the ring instead (custody.rs,
     // ground rules: waiters first).
     let filed = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
         // Lists grow on the shard's thread (ground rules): no room, the ring.
         if !core.has_room_for(deadline) {
+            no_room = true;
             return None;
         }
         let cancelled = core.file_direct(entry.take().expect("filed once"));
@@ -174,7 +191,17 @@ fn file(
             }
             Ok(())
         }
-        None => Err(entry.expect("not filed: the token was held or the core gone")),
+        None => {
+            let entry = entry.expect("not filed: the token was held, the core gone or no room");
+            Err((
+                entry,
+                if no_room {
+                    NotFiled::NoRoom
+                } else {
+                    NotFiled::Busy
+                },
+            ))
+        }
     }
 }
 
@@ -201,6 +228,10 @@ pub(super) fn take(shard: &ShardShared, kind: Taken, entry: &EntryRef) -> bool {
     let taken = custody.try_with_unless_awaited(|held| {
         let core = held.core_mut()?;
         // A move re-files the entry: lists grow on the shard's thread (ground rules).
+        // The room is judged by the deadline read here; a later reset's store racing
+        // in before the move's own read (it reads after clearing MOVING, as it must)
+        // may send the entry to another list, grown on this thread: a slip of
+        // placement only, never of timing.
         if kind == Taken::Move && !core.has_room_for(core.due_tick(entry)) {
             return None;
         }

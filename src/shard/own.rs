@@ -183,7 +183,7 @@ pub(super) fn retry_deferred() -> bool {
                 deadline,
                 refile,
             } => {
-                if let Err(entry) = shard.push_insert_as(entry, deadline, refile) {
+                if let Err(entry) = shard.push_insert_as(entry, deadline, refile, false) {
                     shard.insert_closed(entry, refile);
                 }
             }

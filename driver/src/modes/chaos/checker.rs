@@ -37,6 +37,14 @@ pub(super) struct Record {
     last_end: AtomicU64,
     /// A `cancel` returned `true`.
     pub(super) cancelled: AtomicBool,
+    /// A repeating timer's callback has been dropped (its [`DropFlag`] capture).
+    pub(super) callback_dropped: AtomicBool,
+    /// When a `cancel` won: whether the callback was still held (not yet dropped) as
+    /// it returned, i.e. a run was under way, and how many runs had started then
+    /// (both stored before `cancelled`, which publishes them).
+    under_way_at_cancel: AtomicBool,
+    /// See `under_way_at_cancel`.
+    runs_at_cancel: AtomicU32,
     /// `shutdown` returned it.
     pub(super) unfired: AtomicBool,
     /// `schedule` refused it.
@@ -61,12 +69,32 @@ impl Record {
             running: AtomicBool::new(false),
             last_end: AtomicU64::new(0),
             cancelled: AtomicBool::new(false),
+            callback_dropped: AtomicBool::new(false),
+            under_way_at_cancel: AtomicBool::new(false),
+            runs_at_cancel: AtomicU32::new(0),
             unfired: AtomicBool::new(false),
             refused: AtomicBool::new(false),
             released: AtomicBool::new(false),
             late_run: AtomicBool::new(false),
             id: OnceLock::new(),
         })
+    }
+
+    /// Records a `cancel` that returned `true`, last `cancelled`.
+    ///
+    /// A repeating timer's run is begun by the library (`begin_call`) before its
+    /// callback's first instruction, so a run begun just before a winning cancel may
+    /// enter `start_run` after it returned. The docs of `TimerHandle::cancel` tell the
+    /// two cases apart: with no run under way the callback's captures are dropped
+    /// before `cancel` returns; with one under way, that run finishes and its runner
+    /// drops them. So a callback still held here allows exactly one more run to start
+    /// (the next one), and a callback already dropped allows none; a one-shot, none.
+    pub(super) fn note_cancel_won(&self) {
+        // ORDERING: Relaxed: published by the Release store of `cancelled` below.
+        let under_way = self.kind != Kind::OneShot && !Record::get(&self.callback_dropped);
+        self.under_way_at_cancel.store(under_way, Ordering::Relaxed);
+        self.runs_at_cancel.store(self.runs(), Ordering::Relaxed);
+        Record::set(&self.cancelled);
     }
 
     /// Reads a flag.
@@ -232,10 +260,22 @@ pub(super) fn start_run(shared: &Shared, record: &Record) -> u32 {
         violation(format!("{} ran {run} times", record.name()));
     }
     if Record::get(&record.cancelled) {
-        violation(format!(
-            "{}: run {run} started after cancel() returned true",
-            record.name()
-        ));
+        // ORDERING: Relaxed: published by `cancelled`'s Release store, read above
+        // with Acquire (`Record::note_cancel_won`).
+        let under_way = record.under_way_at_cancel.load(Ordering::Relaxed);
+        let runs_then = record.runs_at_cancel.load(Ordering::Relaxed);
+        if !(under_way && run == runs_then + 1) {
+            violation(format!(
+                "{}: run {run} started after cancel() returned true ({} runs then, {})",
+                record.name(),
+                runs_then,
+                if under_way {
+                    "a run under way"
+                } else {
+                    "none under way: its callback was already dropped"
+                }
+            ));
+        }
     }
     if Record::get(&record.unfired) && !released {
         violation(format!(
@@ -274,6 +314,16 @@ pub(super) fn start_run(shared: &Shared, record: &Record) -> u32 {
         ));
     }
     run
+}
+
+/// A repeating timer's callback capture that records its drop
+/// ([`Record::note_cancel_won`]).
+pub(super) struct DropFlag(pub(super) Arc<Record>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        Record::set(&self.0.callback_dropped);
+    }
 }
 
 /// The end of a run of a repeating or fixed-delay timer.

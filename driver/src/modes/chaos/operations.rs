@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use sharded_timer::{ScheduleError, ShardedTimer, Stats, TimerHandle, TimerState};
 
-use super::checker::{check_monotonic, end_run, start_run, InCallback, Kind, Record, Shared};
+use super::checker::{
+    check_monotonic, end_run, start_run, DropFlag, InCallback, Kind, Record, Shared,
+};
 use super::hand_executor::drop_anchor;
 use super::report::{bump, deliberate, violation, Op};
 use super::{Rng, FAR};
@@ -62,7 +64,7 @@ struct CancelOnDrop(TimerHandle, Arc<Record>);
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if self.0.cancel() {
-            Record::set(&self.1.cancelled);
+            self.1.note_cancel_won();
             if self.1.runs() > 0 {
                 violation(format!(
                     "{}: cancel() returned true (from a capture's Drop) after it ran",
@@ -247,8 +249,10 @@ fn schedule_repeating(
     } else {
         Hostile::None
     };
+    let dropped = DropFlag(record.clone());
     let callback = move || {
         let _hostile = &hostile;
+        let _dropped = &dropped;
         let run = start_run(&run_shared, &run_record);
         Shared::count(&run_shared.repeating_runs);
         if let Some(us) = block {
@@ -304,7 +308,7 @@ fn cancel(shared: &Shared, handle: &TimerHandle, record: &Record) -> bool {
     };
     if won {
         bump(Op::CancelTrue);
-        Record::set(&record.cancelled);
+        record.note_cancel_won();
         if record.kind == Kind::OneShot && record.runs() > 0 {
             violation(format!(
                 "{}: cancel() returned true after it ran",
