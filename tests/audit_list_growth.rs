@@ -1553,11 +1553,31 @@ fn shard_thread_sleeps(name: &str) -> bool {
     })
 }
 
+/// The voluntary context switches of the thread named `name` (`/proc/self/task/*/status`):
+/// a parked shard thread adds one each time something wakes it.
+fn thread_switches(name: &str) -> Option<u64> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    tasks.flatten().find_map(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            return None;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse().ok())
+    })
+}
+
 /// Probe (sanity of the other tests): the ring path really is taken from the outside.
 /// With the shard asleep until a timer a minute away, a first timer an hour away (a
-/// level-3 list, never allocated) waits in the ring, though the token is free; once
-/// the shard has filed it, the next ones into the same list count at once (filed
-/// directly) until the list is full again, when one waits in the ring again.
+/// level-3 list, never allocated) goes by the ring, though the token is free, and
+/// wakes the shard, which files it (growing the list on its thread) without anything
+/// else waking it; the next ones into the same list are filed directly and wake
+/// nobody, until the list is full again, when one goes by the ring and wakes the shard
+/// again. Told by the shard thread's context switches (a direct filing into a
+/// sleeping shard's wheel leaves it asleep).
 #[test]
 fn probe_far_timers_take_the_ring_until_the_shard_grew_their_list() {
     within("probe", WAIT, || {
@@ -1572,32 +1592,38 @@ fn probe_far_timers_take_the_ring_until_the_shard_grew_their_list() {
         assert!(wait_until(WAIT, || timer.stats().in_rings == 0));
         // Let the shard park (nothing wakes it before the anchor).
         assert!(wait_until(WAIT, || shard_thread_sleeps("lgprobe-s0")));
+        let switches = || thread_switches("lgprobe-s0").expect("the shard thread");
+        let parked = switches();
         let mut held = vec![timer.schedule(Duration::from_secs(3600), || {}).unwrap()];
-        assert_eq!(
-            in_rings_shown(&timer),
-            (1, 1),
-            "the first far timer: by the ring"
+        // By the ring, and the shard woke for it (no `stats()`, which would wake it).
+        assert!(
+            wait_until(WAIT, || in_rings_shown(&timer) == (0, 2)),
+            "the first far timer, filed by the woken shard: {:?}",
+            in_rings_shown(&timer)
         );
-        // stats() wakes the shard, which files it, growing the list on its thread.
-        assert!(wait_until(WAIT, || timer.stats().in_rings == 0));
+        assert!(switches() > parked, "the shard woke for it");
         assert!(wait_until(WAIT, || shard_thread_sleeps("lgprobe-s0")));
+        // Room now: filed directly, at once, and nobody wakes.
+        let parked = switches();
         held.push(timer.schedule(Duration::from_secs(3600), || {}).unwrap());
         assert_eq!(in_rings_shown(&timer), (0, 3), "room now: filed directly");
-        // Keep filing into the same list: once it is full, one waits in the ring.
+        assert_eq!(switches(), parked, "a direct filing woke the shard");
+        // Keep filing into the same list: once it is full, one goes by the ring and
+        // wakes the shard.
         let mut to_ring = None;
         for k in 0..200 {
             held.push(timer.schedule(Duration::from_secs(3600), || {}).unwrap());
-            if in_rings_shown(&timer).0 == 1 {
+            if switches() > parked {
                 to_ring = Some(k);
                 break;
             }
         }
         assert!(
             to_ring.is_some(),
-            "a full list sends the next timer by the ring"
+            "a full list sends the next timer by the ring, waking the shard"
         );
-        assert!(wait_until(WAIT, || timer.stats().in_rings == 0));
         let n = held.len() as u64 + 1;
+        assert!(wait_until(WAIT, || in_rings_shown(&timer) == (0, n)));
         let s = timer.stats();
         assert_eq!((s.scheduled, s.pending), (n, n));
         assert_eq!(timer.shutdown().len() as u64, n);
