@@ -28,26 +28,11 @@ use sharded_timer::{
     TimerState,
 };
 
+mod support;
+use support::{in_rings_shown, thread_sleeps as shard_thread_sleeps, wait_until, WAIT};
+
 /// Deadlines (ns) and the probes of the timers filed with them, from several threads.
 type SharedDeadlines = Arc<Mutex<Vec<(u64, Arc<Probe>)>>>;
-
-/// Generous bound for a condition on a slow, shared machine (only a failing test
-/// waits this long).
-const WAIT: Duration = Duration::from_secs(20);
-
-/// Polls `condition` every millisecond until it holds or `timeout` passes.
-fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
 
 /// Runs `f` on a thread of its own; panics if it has not returned within `timeout`
 /// (a hang: the thread is left behind), and propagates its panic.
@@ -1518,39 +1503,6 @@ fn real_time_earlier_reset_into_a_list_with_no_room_still_fires_on_time() {
         }
         assert!(timer.shutdown().is_empty());
     });
-}
-
-/// `(in_rings, scheduled)` as the service's `Debug` output shows them: read without
-/// waking a shard (`stats()` unparks every shard, which would drain the rings).
-fn in_rings_shown(timer: &ShardedTimer) -> (u64, u64) {
-    let shown = format!("{timer:?}");
-    let field = |name: &str| -> u64 {
-        let at = shown.find(&format!(" {name}: ")).expect(name) + name.len() + 3;
-        shown[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap()
-    };
-    (field("in_rings"), field("scheduled"))
-}
-
-/// Whether the thread named `name` sleeps (state `S` in `/proc/self/task/*/stat`): a
-/// shard thread on the system clock sleeps only in its park (as tests/stats.rs reads
-/// it).
-fn shard_thread_sleeps(name: &str) -> bool {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return false;
-    };
-    tasks.flatten().any(|task| {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest.starts_with('S'));
-        comm.trim() == name && state == Some(true)
-    })
 }
 
 /// The voluntary context switches of the thread named `name` (`/proc/self/task/*/status`):

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sharded_timer::ShardedTimer;
-use support::{small_timer, wait_until, WAIT};
+use support::{
+    in_rings_shown, small_timer, thread_sleeps as shard_thread_sleeps, wait_until, WAIT,
+};
 
 /// Lateness a test accepts from a slow, shared CI machine: the deadline is strict,
 /// this is not.
@@ -83,38 +85,6 @@ fn each_shard_reports_its_pending_timers() {
         timer.stats().shards.iter().map(|s| s.pending).sum::<u64>(),
         600
     );
-}
-
-/// The `in_rings` figure of the `Debug` output, which reads the counters without
-/// waking a shard (as `stats()` does).
-/// Whether the thread named `name` sleeps (state `S` in `/proc/self/task/*/stat`): a
-/// shard thread on the system clock sleeps only in its park.
-fn shard_thread_sleeps(name: &str) -> bool {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return false;
-    };
-    tasks.flatten().any(|task| {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // The state follows the parenthesised name: "tid (name) S ...".
-        let state = stat
-            .rsplit_once(") ")
-            .map(|(_, rest)| rest.starts_with('S'));
-        comm.trim() == name && state == Some(true)
-    })
-}
-
-fn in_rings_shown(timer: &ShardedTimer) -> (u64, u64) {
-    let shown = format!("{timer:?}");
-    let field = |name: &str| -> u64 {
-        let at = shown.find(&format!(" {name}: ")).expect(name) + name.len() + 3;
-        let digits: String = shown[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().unwrap()
-    };
-    (field("in_rings"), field("scheduled"))
 }
 
 #[test]

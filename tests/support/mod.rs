@@ -26,6 +26,38 @@ pub(crate) fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool)
     }
 }
 
+/// Whether the thread named `name` sleeps (state `S` in `/proc/self/task/*/stat`): a
+/// shard thread on the system clock sleeps only in its park.
+pub(crate) fn thread_sleeps(name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // The state follows the parenthesised name: "tid (name) S ...".
+        let state = stat
+            .rsplit_once(") ")
+            .map(|(_, rest)| rest.starts_with('S'));
+        comm.trim() == name && state == Some(true)
+    })
+}
+
+/// The `in_rings` and `scheduled` figures of a service's `Debug` output, which reads
+/// the counters without waking a shard (as `stats()` does).
+pub(crate) fn in_rings_shown(timer: &ShardedTimer) -> (u64, u64) {
+    let shown = format!("{timer:?}");
+    let field = |name: &str| -> u64 {
+        let at = shown.find(&format!(" {name}: ")).expect(name) + name.len() + 3;
+        let digits: String = shown[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    (field("in_rings"), field("scheduled"))
+}
+
 /// A small service for tests: 2 shards, 2 workers, no pinning (tests run side by
 /// side), and a short thread name.
 pub(crate) fn small_timer() -> ShardedTimer {
