@@ -445,7 +445,7 @@ impl ShardShared {
     ///
     /// The entry comes back if the shard has shut down (its insert ring is closed).
     pub fn push_insert(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
-        self.push_insert_as(entry, deadline, false, false)
+        self.push_insert_as(entry, deadline, false, Wake::Before(deadline))
     }
 
     /// As [`push_insert`](Self::push_insert), waking the shard whatever its plan: for
@@ -458,24 +458,19 @@ impl ShardShared {
     ///
     /// As [`push_insert`](Self::push_insert).
     pub fn push_insert_to_grow(&self, entry: EntryRef, deadline: Tick) -> Result<(), EntryRef> {
-        self.push_insert_as(entry, deadline, false, true)
+        self.push_insert_as(entry, deadline, false, Wake::Always)
     }
 
     /// As [`push_insert`](Self::push_insert); `refile` says it is a repeating timer's
-    /// next run (for a deferred push that finds the ring closed later); `wake_now`
-    /// wakes the shard whatever its plan ([`push_insert_to_grow`](Self::push_insert_to_grow)).
+    /// next run (for a deferred push that finds the ring closed later); `wake` says
+    /// when the push wakes the shard.
     fn push_insert_as(
         &self,
         entry: EntryRef,
         deadline: Tick,
         refile: bool,
-        wake_now: bool,
+        wake: Wake,
     ) -> Result<(), EntryRef> {
-        let wake = if wake_now {
-            Wake::Always
-        } else {
-            Wake::Before(deadline)
-        };
         match self.push_and_wake(&self.insert, entry, wake) {
             Ok(()) => {
                 own::retry_deferred_after_push();
@@ -613,7 +608,7 @@ impl ShardShared {
         // insert as soon as it is published.
         // ORDERING: Relaxed: a statistic, exact at quiescence.
         self.refiled.fetch_add(1, Ordering::Relaxed);
-        if let Err(entry) = self.push_insert_as(entry, next, true, false) {
+        if let Err(entry) = self.push_insert_as(entry, next, true, Wake::Before(next)) {
             // ORDERING: as above.
             self.refiled.fetch_sub(1, Ordering::Relaxed);
             self.hand_back_late(entry);

@@ -163,15 +163,15 @@ fn file(
     deadline: Tick,
 ) -> Result<(), (EntryRef, NotFiled)> {
     let mut entry = Some(entry);
-    let mut no_room = false;
     // Never ahead of a waiter (the owner's turn): the ring instead (custody.rs,
     // ground rules: waiters first).
     let filed = custody.try_with_unless_awaited(|held| {
-        let core = held.core_mut()?;
+        let Some(core) = held.core_mut() else {
+            return Err(NotFiled::Busy);
+        };
         // Lists grow on the shard's thread (ground rules): no room, the ring.
         if !core.has_room_for(deadline) {
-            no_room = true;
-            return None;
+            return Err(NotFiled::NoRoom);
         }
         let cancelled = core.file_direct(entry.take().expect("filed once"));
         // ORDERING: Relaxed, inside our hold: the shard publishes its wake-up inside
@@ -179,10 +179,10 @@ fn file(
         // before the plan that sees our entry (ground rules: the park handshake,
         // direct).
         let sleeps_until = Tick::new(shard.next_wake.load(Ordering::Relaxed));
-        Some((deadline < sleeps_until, cancelled))
+        Ok((deadline < sleeps_until, cancelled))
     });
-    match filed.flatten() {
-        Some((wake, cancelled)) => {
+    match filed.unwrap_or(Err(NotFiled::Busy)) {
+        Ok((wake, cancelled)) => {
             // After the token is given back (ground rules: no user code under it).
             drop(cancelled);
             if wake {
@@ -191,17 +191,7 @@ fn file(
             }
             Ok(())
         }
-        None => {
-            let entry = entry.expect("not filed: the token was held, the core gone or no room");
-            Err((
-                entry,
-                if no_room {
-                    NotFiled::NoRoom
-                } else {
-                    NotFiled::Busy
-                },
-            ))
-        }
+        Err(why) => Err((entry.expect("not filed: the entry comes back"), why)),
     }
 }
 

@@ -183,7 +183,9 @@ pub(super) fn retry_deferred() -> bool {
                 deadline,
                 refile,
             } => {
-                if let Err(entry) = shard.push_insert_as(entry, deadline, refile, false) {
+                if let Err(entry) =
+                    shard.push_insert_as(entry, deadline, refile, Wake::Before(deadline))
+                {
                     shard.insert_closed(entry, refile);
                 }
             }

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::modes::compare::{CompareReport, Row, TimerWorkload};
+use crate::modes::compare::{CompareReport, Row};
 use crate::modes::conditions::{Column, ConditionsReport, BUSY_LOOPS_PER_CORE};
 use crate::modes::timeouts::{TimeoutRow, UsersTimeouts};
 use crate::report::{Lateness, Machine};
@@ -278,21 +278,13 @@ fn sections(
             ),
         ] {
             for (workload, rows) in rows.each() {
-                let (unit, summary) = match (workload, label) {
-                    (TimerWorkload::Rpc, "quiet") => ("pairs/s", "rpc, cold, quiet"),
-                    (TimerWorkload::Rpc, _) => ("pairs/s", "rpc, cold, busy"),
-                    (TimerWorkload::Burst, "quiet") => ("fired/s", "burst, cold, quiet"),
-                    (TimerWorkload::Burst, _) => ("fired/s", "burst, cold, busy"),
-                    (TimerWorkload::Firehose, "quiet") => ("timers/s", "firehose, cold, quiet"),
-                    (TimerWorkload::Firehose, _) => ("timers/s", "firehose, cold, busy"),
-                };
                 sections.push(Section {
                     title: format!(
                         "{}, users' conditions: a fresh process per run, producers unpinned, boxed callbacks, {condition}",
                         workload.name()
                     ),
-                    unit,
-                    summary: Some(summary.into()),
+                    unit: workload.unit(),
+                    summary: Some(format!("{}, cold, {label}", workload.name())),
                     series: of_rows(rows),
                 });
             }

@@ -158,6 +158,15 @@ impl TimerWorkload {
         }
     }
 
+    /// What one operation of its rate is.
+    pub(crate) fn unit(self) -> &'static str {
+        match self {
+            TimerWorkload::Rpc => "pairs/s",
+            TimerWorkload::Burst => "fired/s",
+            TimerWorkload::Firehose => "timers/s",
+        }
+    }
+
     /// The one named `name`, if any.
     pub(crate) fn named(name: &str) -> Option<TimerWorkload> {
         TimerWorkload::ALL.into_iter().find(|w| w.name() == name)
@@ -785,17 +794,12 @@ pub(crate) fn run(rounds: usize, only: &[String], quiet: bool) -> CompareReport 
             .zip([&users_quiet, &users_busy])
         {
             for (workload, rows) in rows.each() {
-                let unit = match workload {
-                    TimerWorkload::Rpc => "pairs/s",
-                    TimerWorkload::Burst => "fired/s",
-                    TimerWorkload::Firehose => "timers/s",
-                };
                 print(
                     &format!(
                         "{}, cold, unpinned, boxed callbacks, {condition}",
                         workload.name()
                     ),
-                    unit,
+                    workload.unit(),
                     rows,
                 );
             }
