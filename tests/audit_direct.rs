@@ -15,44 +15,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use support::Rng;
+use support::{joined_within, wait_until, Rng, WAIT};
 
 use sharded_timer::{
     Callbacks, ManualClock, ScheduleError, ShardedTimer, TimerHandle, TimerId, TimerState,
 };
-
-/// Generous bound for a condition on a slow, shared machine.
-const WAIT: Duration = Duration::from_secs(20);
-
-/// Polls `condition` every millisecond until it holds or `timeout` passes.
-fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Runs `f` on a thread of its own; panics if it has not returned within `timeout`
-/// (a hang: the thread is left behind), and propagates its panic.
-fn within<T: Send + 'static>(
-    what: &str,
-    timeout: Duration,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let thread = std::thread::spawn(f);
-    let finished = wait_until(timeout, || thread.is_finished());
-    assert!(finished, "{what}: hung for {timeout:?} (deadlock?)");
-    match thread.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
 
 /// Pins the calling thread to the `k`-th usable core (modulo the count); returns
 /// whether that worked.
@@ -664,7 +631,7 @@ fn capture_drop_cancels_and_schedules_on_the_same_shard() {
             let x = timer.schedule(delay, move || drop(guard)).unwrap();
             if !fire {
                 let x2 = x.clone();
-                assert!(within(mode, Duration::from_secs(10), move || x2.cancel()));
+                assert!(joined_within(mode, Duration::from_secs(10), move || x2.cancel()));
             }
             assert!(
                 wait_until(Duration::from_secs(10), || y_cancelled.get().is_some()),
@@ -716,12 +683,12 @@ fn capture_drop_that_shuts_down_the_service_does_not_deadlock() {
                 let x = timer
                     .schedule(Duration::from_secs(10), move || drop(guard))
                     .unwrap();
-                assert!(within(path, Duration::from_secs(10), move || x.cancel()));
+                assert!(joined_within(path, Duration::from_secs(10), move || x.cancel()));
             }
             "refused" => {
                 let _filler = timer.schedule(Duration::from_secs(10), || {}).unwrap();
                 let service = timer.clone();
-                let err = within(path, Duration::from_secs(10), move || {
+                let err = joined_within(path, Duration::from_secs(10), move || {
                     service
                         .schedule(Duration::from_secs(10), move || drop(guard))
                         .unwrap_err()
@@ -780,7 +747,7 @@ fn sleep_waker_drop_reenters_the_same_service() {
             flag.store(true, SeqCst);
         });
         let service = timer.clone();
-        within(mode, Duration::from_secs(10), move || {
+        joined_within(mode, Duration::from_secs(10), move || {
             let mut sleep = Box::pin(service.sleep(Duration::from_secs(10)));
             assert!(poll_once(sleep.as_mut(), &waker_a).is_pending());
             drop(waker_a);

@@ -29,26 +29,12 @@ use sharded_timer::{
 };
 
 mod support;
-use support::{in_rings_shown, thread_sleeps as shard_thread_sleeps, wait_until, WAIT};
+use support::{
+    in_rings_shown, joined_within, thread_sleeps as shard_thread_sleeps, wait_until, WAIT,
+};
 
 /// Deadlines (ns) and the probes of the timers filed with them, from several threads.
 type SharedDeadlines = Arc<Mutex<Vec<(u64, Arc<Probe>)>>>;
-
-/// Runs `f` on a thread of its own; panics if it has not returned within `timeout`
-/// (a hang: the thread is left behind), and propagates its panic.
-fn within<T: Send + 'static>(
-    what: &str,
-    timeout: Duration,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let thread = std::thread::spawn(f);
-    let finished = wait_until(timeout, || thread.is_finished());
-    assert!(finished, "{what}: hung for {timeout:?} (deadlock?)");
-    match thread.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
 
 /// xorshift64*: a small deterministic generator.
 #[derive(Clone)]
@@ -418,7 +404,7 @@ fn model_wait() -> Duration {
 /// later; the check after each advance is exact (due ⇔ run once; never early).
 #[test]
 fn manual_model_pool_two_shards_by_id_four_threads() {
-    within("model", model_wait(), || {
+    joined_within("model", model_wait(), || {
         for seed in seeds(1) {
             model_run(seed, 2, Mode::Pool, Routing::ById, 4096, 4);
         }
@@ -429,7 +415,7 @@ fn manual_model_pool_two_shards_by_id_four_threads() {
 /// meets full rings all the time: producers wait for room while the shard grows lists.
 #[test]
 fn manual_model_tiny_rings() {
-    within("model", model_wait(), || {
+    joined_within("model", model_wait(), || {
         for seed in seeds(11) {
             model_run(seed, 2, Mode::Pool, Routing::ById, 2, 4);
         }
@@ -440,7 +426,7 @@ fn manual_model_tiny_rings() {
 /// one shard: every producer files onto the one shard, whose token its own turns take.
 #[test]
 fn manual_model_inline_one_shard() {
-    within("model", model_wait(), || {
+    joined_within("model", model_wait(), || {
         for seed in seeds(21) {
             model_run(seed, 1, Mode::Inline, Routing::ByCore, 4, 3);
         }
@@ -450,7 +436,7 @@ fn manual_model_inline_one_shard() {
 /// Attacks: the spawn mode, three shards, 2-slot rings, id routing.
 #[test]
 fn manual_model_spawn_three_shards() {
-    within("model", model_wait(), || {
+    joined_within("model", model_wait(), || {
         for seed in seeds(31) {
             model_run(seed, 3, Mode::SpawnRunNow, Routing::ById, 2, 3);
         }
@@ -472,7 +458,7 @@ fn counters(n: usize) -> Arc<Vec<AtomicUsize>> {
 /// fire exactly at its last deadline, not at any earlier one it held.
 #[test]
 fn manual_resets_between_full_and_empty_lists_fire_at_the_last_deadline() {
-    within("resets", WAIT, || {
+    joined_within("resets", WAIT, || {
         let clock = ManualClock::new();
         let start = clock.now();
         let timer = ShardedTimer::builder()
@@ -554,7 +540,7 @@ fn manual_resets_between_full_and_empty_lists_fire_at_the_last_deadline() {
 /// ones run, once.
 #[test]
 fn manual_many_timers_filed_just_before_level_boundaries() {
-    within("boundaries", WAIT, || {
+    joined_within("boundaries", WAIT, || {
         let clock = ManualClock::new();
         let start = clock.now();
         let timer = ShardedTimer::builder()
@@ -643,7 +629,7 @@ fn manual_many_timers_filed_just_before_level_boundaries() {
 /// fires once.
 #[test]
 fn manual_advancing_while_producers_file_far_timers_and_reset_them() {
-    within("concurrent advance", WAIT, || {
+    joined_within("concurrent advance", WAIT, || {
         let clock = ManualClock::new();
         let timer = ShardedTimer::builder()
             .shards(2)
@@ -761,7 +747,7 @@ fn manual_advancing_while_producers_file_far_timers_and_reset_them() {
 /// `false` after, and it never runs, also once the clock passes its deadline.
 #[test]
 fn manual_cancel_of_a_timer_waiting_in_the_ring_is_final() {
-    within("cancel in ring", WAIT, || {
+    joined_within("cancel in ring", WAIT, || {
         let clock = ManualClock::new();
         let timer = ShardedTimer::builder()
             .shards(1)
@@ -820,7 +806,7 @@ fn manual_cancel_of_a_timer_waiting_in_the_ring_is_final() {
 /// room: exactly `limit` win.
 #[test]
 fn manual_max_pending_room_is_taken_and_given_back_exactly_on_the_ring_path() {
-    within("max_pending", WAIT, || {
+    joined_within("max_pending", WAIT, || {
         const LIMIT: usize = 64;
         let clock = ManualClock::new();
         let timer = ShardedTimer::builder()
@@ -905,7 +891,7 @@ fn manual_max_pending_room_is_taken_and_given_back_exactly_on_the_ring_path() {
 #[test]
 fn manual_callbacks_file_and_move_far_timers_in_every_mode() {
     for mode in [Mode::Inline, Mode::Pool, Mode::SpawnRunNow] {
-        within("callbacks", WAIT, move || {
+        joined_within("callbacks", WAIT, move || {
             let clock = ManualClock::new();
             let start = clock.now();
             let timer = ShardedTimer::builder()
@@ -1020,7 +1006,7 @@ fn manual_callbacks_file_and_move_far_timers_in_every_mode() {
 /// slot, a run in every advance that passed one), every one-shot once.
 #[test]
 fn manual_repeating_timers_with_far_periods_run_exactly_on_schedule() {
-    within("repeating", WAIT, || {
+    joined_within("repeating", WAIT, || {
         let clock = ManualClock::new();
         // A period shorter than the service's tick runs once per tick (documented), so
         // the tick is 1 ns here; the manual clock's wheel ticks are 1 ns anyway.
@@ -1101,7 +1087,7 @@ fn manual_repeating_timers_with_far_periods_run_exactly_on_schedule() {
 /// most a generous bound.
 #[test]
 fn real_time_boundary_crossing_timers_from_four_threads() {
-    within("real time", WAIT, || {
+    joined_within("real time", WAIT, || {
         let timer = ShardedTimer::builder()
             .shards(2)
             .tick(Duration::from_micros(50))
@@ -1201,7 +1187,7 @@ fn real_time_boundary_crossing_timers_from_four_threads() {
 /// cancels from 2 threads and a shutdown that returns exactly the rest.
 #[test]
 fn real_time_tiny_rings_thousands_of_far_timers_while_the_shard_sleeps() {
-    within("tiny rings", WAIT, || {
+    joined_within("tiny rings", WAIT, || {
         let timer = ShardedTimer::builder()
             .shards(2)
             .routing(Routing::ById)
@@ -1307,7 +1293,7 @@ fn real_time_shutdown_racing_far_filings_accounts_for_every_timer() {
     .into_iter()
     .enumerate()
     {
-        within("shutdown race", WAIT, move || {
+        joined_within("shutdown race", WAIT, move || {
             let timer = ShardedTimer::builder()
                 .shards(2)
                 .routing(Routing::ById)
@@ -1422,7 +1408,7 @@ fn real_time_shutdown_racing_far_filings_accounts_for_every_timer() {
 /// `stats().cancelled` after the shard meets it, and not among shutdown's `Unfired`.
 #[test]
 fn real_time_cancel_while_in_the_ring_counts_once_and_is_not_returned() {
-    within("cancel in ring", WAIT, || {
+    joined_within("cancel in ring", WAIT, || {
         let timer = ShardedTimer::builder().shards(1).build().unwrap();
         let anchor = timer.schedule(Duration::from_secs(30), || {}).unwrap();
         assert!(wait_until(WAIT, || timer.stats().in_rings == 0));
@@ -1461,7 +1447,7 @@ fn real_time_cancel_while_in_the_ring_counts_once_and_is_not_returned() {
 /// away), never allocated.
 #[test]
 fn real_time_earlier_reset_into_a_list_with_no_room_still_fires_on_time() {
-    within("earlier reset", WAIT, || {
+    joined_within("earlier reset", WAIT, || {
         let timer = ShardedTimer::builder()
             .shards(1)
             .tick(Duration::from_micros(50))
@@ -1532,7 +1518,7 @@ fn thread_switches(name: &str) -> Option<u64> {
 /// sleeping shard's wheel leaves it asleep).
 #[test]
 fn probe_far_timers_take_the_ring_until_the_shard_grew_their_list() {
-    within("probe", WAIT, || {
+    joined_within("probe", WAIT, || {
         let timer = ShardedTimer::builder()
             .shards(1)
             .executor_threads(1)
@@ -1588,7 +1574,7 @@ fn probe_far_timers_take_the_ring_until_the_shard_grew_their_list() {
 /// find it full and take the ring. All run exactly once, promptly.
 #[test]
 fn real_time_past_deadlines_overflow_the_overdue_list() {
-    within("overdue", WAIT, || {
+    joined_within("overdue", WAIT, || {
         let timer = ShardedTimer::builder()
             .shards(1)
             .callbacks(Callbacks::pool(2))
@@ -1648,7 +1634,7 @@ fn real_time_past_deadlines_overflow_the_overdue_list() {
 /// manual clock `advance(Duration::MAX)` reaches them all: exactly once each.
 #[test]
 fn manual_far_future_deadlines_in_the_top_levels() {
-    within("far future", WAIT, || {
+    joined_within("far future", WAIT, || {
         let clock = ManualClock::new();
         let start = clock.now();
         let timer = ShardedTimer::builder()
@@ -1739,7 +1725,7 @@ impl std::task::Wake for CountWake {
 /// their deadline has passed on the manual clock, woken once.
 #[test]
 fn manual_far_sleeps_dropped_while_in_the_ring_wake_nobody() {
-    within("sleeps", WAIT, || {
+    joined_within("sleeps", WAIT, || {
         let clock = ManualClock::new();
         let timer = ShardedTimer::builder()
             .shards(1)

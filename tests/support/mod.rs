@@ -26,6 +26,23 @@ pub(crate) fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool)
     }
 }
 
+/// Runs `f` on a thread of its own; panics if it has not returned within `timeout`
+/// (a hang: the thread is left behind), and propagates its panic (where [`within`]
+/// reports a hang as `None`).
+pub(crate) fn joined_within<T: Send + 'static>(
+    what: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let thread = std::thread::spawn(f);
+    let finished = wait_until(timeout, || thread.is_finished());
+    assert!(finished, "{what}: hung for {timeout:?} (deadlock?)");
+    match thread.join() {
+        Ok(value) => value,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
 /// Whether the thread named `name` sleeps (state `S` in `/proc/self/task/*/stat`): a
 /// shard thread on the system clock sleeps only in its park.
 pub(crate) fn thread_sleeps(name: &str) -> bool {
