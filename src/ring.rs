@@ -25,7 +25,7 @@
 
 use core::mem::MaybeUninit;
 
-use crate::sync::{spin_loop, AtomicUsize, CachePadded, Ordering, UnsafeCell};
+use crate::sync::{spin_loop, AtomicUsize, Backoff, CachePadded, Ordering, UnsafeCell};
 
 /// Bit 0 of `tail`: the ring is closed.
 const CLOSED: usize = 1;
@@ -63,6 +63,14 @@ pub struct Cursor {
     /// The brand of the ring this cursor belongs to: the address of its slots'
     /// allocation, which moves with the ring (checked by every `pop`).
     ring: usize,
+}
+
+impl Cursor {
+    /// How many values this cursor has popped, wrapping: a consumer that reads it
+    /// twice learns whether it took anything in between.
+    pub fn popped(&self) -> usize {
+        self.head
+    }
 }
 
 /// Why a reservation failed.
@@ -312,11 +320,19 @@ impl<T> Ring<T> {
 
     /// After [`close`](Ring::close) returned `reserved`, pops every value reserved
     /// before the close, waiting for producers that reserved but have not yet written.
+    ///
+    /// Waits with a backoff that ends in yields: a producer between its reservation
+    /// and its write may be a thread preempted on the consumer's own core, which a
+    /// spin would keep from running until the kernel's next scheduler tick.
     pub fn drain_closed(&self, cursor: &mut Cursor, reserved: usize, each: &mut impl FnMut(T)) {
+        let backoff = Backoff::new();
         while cursor.head != reserved {
             match self.pop(cursor) {
-                Some(value) => each(value),
-                None => spin_loop(),
+                Some(value) => {
+                    backoff.reset();
+                    each(value);
+                }
+                None => backoff.snooze(),
             }
         }
     }

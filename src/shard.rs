@@ -249,6 +249,23 @@ pub struct Cursors {
     messages: Cursor,
 }
 
+#[cfg(test)]
+impl ShardShared {
+    /// Tests only: the insert ring, to hold a reservation unwritten as a preempted
+    /// producer would.
+    pub(crate) fn insert_ring(&self) -> &Ring<EntryRef> {
+        &self.insert
+    }
+}
+
+impl Cursors {
+    /// How many values the shard has popped from both rings, wrapping (see
+    /// [`Cursor::popped`]).
+    pub fn popped(&self) -> usize {
+        self.insert.popped().wrapping_add(self.messages.popped())
+    }
+}
+
 /// Why a push did not publish its value.
 enum Refused<T> {
     /// The ring is closed (the shard shut down).

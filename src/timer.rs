@@ -412,3 +412,84 @@ impl fmt::Debug for ShardedTimer {
             .finish()
     }
 }
+
+#[cfg(all(test, target_os = "linux"))]
+mod stall_tests {
+    use std::sync::atomic::{fence, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::ShardedTimer;
+    use crate::clock::Nanos;
+    use crate::entry::EntryRef;
+    use crate::id::TimerId;
+
+    /// The CPU time, ns, of this process's thread named `name`
+    /// (`/proc/self/task/*/schedstat`'s first field), if there is one.
+    fn cpu_ns_of(name: &str) -> Option<u64> {
+        std::fs::read_dir("/proc/self/task")
+            .ok()?
+            .flatten()
+            .find(|task| {
+                std::fs::read_to_string(task.path().join("comm"))
+                    .is_ok_and(|comm| comm.trim() == name)
+            })
+            .and_then(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+            .and_then(|stat| stat.split_whitespace().next()?.parse().ok())
+    }
+
+    /// A producer that reserved a slot of the insert ring and has not written it (a
+    /// thread preempted between the two, here one that sleeps) holds the shard in
+    /// `Park::Retry`: the shard must not spin for it, since the producer may be
+    /// waiting for the shard's own core (`shard/park.rs`'s ground rules). Over a 300 ms hold the shard
+    /// used its whole core before `Stall` (it spun, the main job's heartbeats then 2–10
+    /// ms late); with it, a few percent (naps up to `LONGEST_NAP`). Asserted: under
+    /// a third, and the value taken once it is written.
+    #[test]
+    fn a_shard_waiting_for_a_reserved_slot_naps_instead_of_spinning() {
+        let timer = ShardedTimer::builder()
+            .shards(1)
+            .executor_threads(1)
+            .pin_cores(false)
+            .thread_name("stall-probe")
+            .build()
+            .unwrap();
+        let shard = &timer.inner.shards[0];
+        let name = "stall-probe-s0";
+        // The thread names itself as it starts.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cpu_ns_of(name).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the shard thread's schedstat is readable"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reservation = shard.insert_ring().reserve().unwrap();
+        // As a producer's push does after its reservation (the park handshake).
+        fence(Ordering::SeqCst);
+        shard.nudge();
+        // Let it wake and find the slot reserved.
+        std::thread::sleep(Duration::from_millis(20));
+        let (window, before) = (Instant::now(), cpu_ns_of(name).unwrap());
+        std::thread::sleep(Duration::from_millis(300));
+        let used = cpu_ns_of(name).unwrap() - before;
+        let elapsed = window.elapsed().as_nanos() as u64;
+        let (handle, service) = EntryRef::new(TimerId::next(), Nanos::new(u64::MAX / 2), || {});
+        reservation.publish(service);
+        assert!(
+            used < elapsed / 3,
+            "the shard used {used} ns of CPU in {elapsed} ns waiting for a reserved slot"
+        );
+        // The value is taken once written: the shard turns after each nap.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shard.load().scheduled == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the written slot is taken within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(timer.shutdown().len(), 1, "the timer comes back unfired");
+        drop(handle);
+    }
+}

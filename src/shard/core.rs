@@ -206,6 +206,12 @@ impl ShardCore {
         self.ticks.due_tick(entry.deadline())
     }
 
+    /// How many values this core has popped from its rings, wrapping: two readings
+    /// tell whether a turn between them took anything.
+    pub fn popped(&self) -> usize {
+        self.cursors.popped()
+    }
+
     /// The park handshake's store half; see [`ShardShared::prepare_park`].
     pub fn prepare_park(&self, wake: Tick) -> bool {
         self.shared.prepare_park(&self.cursors, wake)

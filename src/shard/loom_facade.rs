@@ -23,7 +23,7 @@ use super::custody::Custody;
 use super::direct::DirectPort;
 use super::fired::FiredQueue;
 use super::own::{address, drain_own_rings, retry_deferred, Own, OWN, OWN_SHARD, PEERS};
-use super::park::{park, plan_park, tell_watcher, Park};
+use super::park::{park, plan_park, tell_watcher, Park, Stall};
 use super::rescue::{alert_watcher, Watch};
 use super::turn::{InCustody, Reading, ShardLink};
 use super::ShardShared;
@@ -213,6 +213,11 @@ impl ModelShard {
                 self.link.shared.wake_up();
                 true
             }
+            Some(Park::Retry { popped }) => {
+                // The shard loop's wait before it turns again.
+                Stall::default().wait(popped);
+                false
+            }
             Some(plan) => {
                 park(plan, &self.link.shared, None, false);
                 false
@@ -240,6 +245,11 @@ impl ModelShard {
         let (clock, plan) = self.model_plan(Some(&watch));
         match plan {
             Some(Park::No) => true,
+            Some(Park::Retry { popped }) => {
+                // The shard loop's wait before it turns again.
+                Stall::default().wait(popped);
+                true
+            }
             Some(Park::Until(until, _)) if clock.tick_of(until) <= bound => {
                 self.link.shared.wake_up();
                 true
@@ -275,6 +285,9 @@ impl ModelShard {
 /// 0). Loom only.
 pub fn park_for_model(core: &ShardCore) {
     let clock = Clock::at(Instant::now(), 3_600_000_000_000);
-    let plan = plan_park(core, clock, None, 0, None, None);
-    park(plan, core.shared(), None, false);
+    match plan_park(core, clock, None, 0, None, None) {
+        // The shard loop's wait before it turns again.
+        Park::Retry { popped } => Stall::default().wait(popped),
+        plan => park(plan, core.shared(), None, false),
+    }
 }

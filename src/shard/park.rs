@@ -13,16 +13,32 @@
 //!   wake-up allows for (`rescue.rs`'s ground rules: watching).
 //! - A shard thread with pushes deferred (`own.rs`) sleeps a millisecond at most, to
 //!   retry them.
+//! - **A producer between its reservation and its write is let run** ([`Stall`]).
+//!   Work that arrived after the fence may be a ring slot reserved and not yet
+//!   written, which no turn can pop until its producer writes it; and that producer
+//!   may have read the shard awake and will not unpark it. So the shard turns again
+//!   rather than sleep, but it must not spin for it: the producer may be a thread the
+//!   shard preempted on its own core (a pool worker re-arming a repeating timer, say),
+//!   runnable and waiting for that core, which a spinning shard holds until the
+//!   kernel's next scheduler tick. Found by the main job on a quiet machine (issue
+//!   41, item 6): streaks of such spins of 1.3–4.8 ms on shard threads, with the
+//!   preempted pool worker holding the fired runs that were then 2–10 ms late. So
+//!   while turns take nothing, the shard spins briefly, then yields, then naps
+//!   ([`FIRST_NAP`] doubling to [`LONGEST_NAP`]): bounded sleeps, each shorter than a
+//!   tick, in which the producer gets the core; any turn that takes something starts
+//!   over.
 
 #![deny(unsafe_code)]
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::core::ShardCore;
 use super::rescue::{nudge_unless_looking_by, Watch};
 use super::ShardShared;
 use crate::clock::{Clock, Tick, TurnSlot};
-use crate::sync::{spin_loop, thread, Arc};
+#[cfg(loom)]
+use crate::sync::spin_loop;
+use crate::sync::{thread, Arc, Backoff};
 
 /// What the shard thread does instead of another turn.
 #[derive(Clone, Copy, Debug)]
@@ -35,6 +51,70 @@ pub(super) enum Park {
     /// Sleep until this instant (the next expiry, or the watch horizon, if earlier);
     /// the core's next expiry.
     Until(Instant, Tick),
+    /// Work arrived that the last turn may not have been able to take (a slot
+    /// reserved, not yet written): turn again, after [`Stall::wait`]. `popped`: the
+    /// core's count of values popped from its rings, at the plan.
+    Retry {
+        /// [`ShardCore::popped`] when the plan was made.
+        popped: usize,
+    },
+}
+
+/// The shard's first nap while a producer it may have preempted holds a reserved ring
+/// slot unwritten ([`Stall`]): long enough for that producer to be scheduled and write
+/// it.
+pub(super) const FIRST_NAP: Duration = Duration::from_micros(20);
+
+/// The longest nap of a [`Stall`]: a quarter of the default 1 ms tick, so that timers
+/// coming due meanwhile are expired by the turn after it well within guarantee 2's
+/// allowance. Naps double up to it: each costs the shard a timed sleep and a wake-up
+/// (a few µs on a VM), so 20 µs naps alone used half a core over a long stall, and a
+/// producer still not done after the first naps is running elsewhere or descheduled.
+pub(super) const LONGEST_NAP: Duration = Duration::from_micros(250);
+
+/// The shard's wait before turning again on [`Park::Retry`] (ground rules: a producer
+/// between its reservation and its write is let run). While consecutive turns take
+/// nothing from the rings, it spins, then yields, then naps from [`FIRST_NAP`],
+/// doubling to [`LONGEST_NAP`]; a turn that took something starts it over.
+#[derive(Debug, Default)]
+pub(super) struct Stall {
+    /// The core's popped count at the last retry, if the last plan was one.
+    popped: Option<usize>,
+    /// The backoff since the rings last gave something.
+    backoff: Backoff,
+    /// The next nap, once the backoff is complete (zero: [`FIRST_NAP`]).
+    nap: Duration,
+}
+
+impl Stall {
+    /// Waits before the turn that follows a [`Park::Retry`] made with `popped`.
+    pub(super) fn wait(&mut self, popped: usize) {
+        if self.popped != Some(popped) {
+            // The turn before this plan took something (or this is the first retry):
+            // most likely more is on its way from a producer on another core.
+            self.popped = Some(popped);
+            self.backoff.reset();
+            self.nap = FIRST_NAP;
+        }
+        if !self.backoff.is_completed() {
+            // Spins (a producer running elsewhere writes within nanoseconds), then
+            // yields (one preempted on this core may be picked).
+            self.backoff.snooze();
+            return;
+        }
+        // Under loom a backoff completes at once and a timed park never returns by
+        // itself (`sync.rs`): yielding to the model is the wait there.
+        #[cfg(not(loom))]
+        thread::park_timeout(self.nap.max(FIRST_NAP));
+        #[cfg(loom)]
+        spin_loop();
+        self.nap = (self.nap * 2).min(LONGEST_NAP);
+    }
+
+    /// The plan was not a retry: the next one starts over.
+    pub(super) fn clear(&mut self) {
+        self.popped = None;
+    }
 }
 
 /// Plans the sleep after a turn, holding the token: until the core's next expiry (or
@@ -77,9 +157,11 @@ pub(super) fn plan_park(
     core.shared().set_due(due);
     if !core.prepare_park(wake) {
         // Work arrived; it may be a slot reserved and not yet written, which the next
-        // turn cannot pop until its producer writes it: let the producer run.
-        spin_loop();
-        return Park::No;
+        // turn cannot pop until its producer writes it: let the producer run (ground
+        // rules).
+        return Park::Retry {
+            popped: core.popped(),
+        };
     }
     // After our fence (in `prepare_park`): the watched shard's state again, in case it
     // went to sleep with an earlier wake-up than we planned for, while its read of our
@@ -119,13 +201,13 @@ pub(super) fn park(
     watcher: Option<&(Arc<ShardShared>, u64)>,
     deferred: bool,
 ) {
-    if matches!(plan, Park::No) {
+    if matches!(plan, Park::No | Park::Retry { .. }) {
         return;
     }
     tell_watcher(plan, watcher);
     let retry = std::time::Duration::from_millis(1);
     match plan {
-        Park::No => {}
+        Park::No | Park::Retry { .. } => {}
         Park::Indefinitely(_) if deferred => thread::park_timeout(retry),
         Park::Indefinitely(_) => thread::park(),
         Park::Until(until, _) => {

@@ -24,7 +24,7 @@ use super::own::{
     address, dispatch_rest_here, drain_own_rings, flush_deferred, retry_deferred, take_own_core,
     with_own, Own, OWN, OWN_SHARD, PEERS,
 };
-use super::park::{park, plan_park, Park};
+use super::park::{park, plan_park, Park, Stall};
 use super::rescue::{alert_watcher, Watch};
 use super::turn::{Reading, ShardLink};
 use super::{Cursors, ShardShared};
@@ -174,6 +174,8 @@ impl ShardThread {
         };
         // The last round of the manual clock a turn of this shard began in.
         let mut answered = 0;
+        // The wait for a producer between its reservation and its write (`park.rs`).
+        let mut stall = Stall::default();
         let pending = loop {
             #[cfg(test)]
             if shared.fail_turn.load(std::sync::atomic::Ordering::Relaxed) {
@@ -282,7 +284,10 @@ impl ShardThread {
                         blocked_until,
                     )
                 });
-                if plan.as_ref().is_some_and(|plan| !matches!(plan, Park::No)) {
+                if plan
+                    .as_ref()
+                    .is_some_and(|plan| !matches!(plan, Park::No | Park::Retry { .. }))
+                {
                     // A park is progress too: a watcher's sighting from before it is
                     // stale once the shard wakes (else, seeing it awake before its
                     // first turn with the progress it last saw, the watcher counted
@@ -294,7 +299,11 @@ impl ShardThread {
             });
             match plan.flatten() {
                 None => break Vec::new(), // a callback on this thread took the core
-                Some(plan) => park(plan, &shared, watcher.as_ref(), deferred),
+                Some(Park::Retry { popped }) => stall.wait(popped),
+                Some(plan) => {
+                    stall.clear();
+                    park(plan, &shared, watcher.as_ref(), deferred);
+                }
             }
         };
         flush_deferred();
