@@ -54,7 +54,10 @@ impl WorkloadReport {
     /// measures the queue for a CPU), or the machine's CPUs were that busy, or other
     /// processes took at least [`OTHERS_SHARE`] of them (a shard pinned to a core
     /// another process keeps busy waits for it). Otherwise the machine had CPU to
-    /// spare, and too few timers on time is guarantee 2 failing.
+    /// spare, and too few timers on time is guarantee 2 failing — unless the machine
+    /// itself stalled ([`Timeliness::Stalled`]): a CPU gave no thread a chance to run
+    /// for longer than the wake-up allowance, and long enough to account for the
+    /// lateness p99 (a stall of `s` makes the timers due in it up to `s` late).
     pub(crate) fn timeliness(&self, cores: usize) -> Timeliness {
         if self.name == "burst" || self.lateness_us.count == 0 {
             return Timeliness::NotJudged;
@@ -63,9 +66,15 @@ impl WorkloadReport {
             return Timeliness::OnTime;
         }
         if self.process.load(cores).too_loaded() {
-            Timeliness::TooLoaded
-        } else {
-            Timeliness::Late
+            return Timeliness::TooLoaded;
+        }
+        match self.process.machine_stall_us {
+            Some(stall)
+                if stall > WAKE_ALLOWANCE_US && stall + ON_TIME_US >= self.lateness_us.p99 =>
+            {
+                Timeliness::Stalled
+            }
+            _ => Timeliness::Late,
         }
     }
 }
@@ -132,6 +141,10 @@ pub(crate) enum Timeliness {
     /// Fewer did, but the workload kept the cores busy, or the machine was busy, or
     /// other processes took half of it: lateness there measures the wait for a CPU.
     TooLoaded,
+    /// Fewer did on a machine with CPU to spare, but the machine itself stalled
+    /// (a CPU ran no thread, ours or anybody's) longer than the wake-up allowance and
+    /// long enough to account for the lateness p99: wake-up latency, not the service.
+    Stalled,
     /// A burst (its lateness is the drain it measures), or nothing fired.
     NotJudged,
 }
@@ -181,6 +194,11 @@ impl Rates {
 /// within one tick (the driver's 1 ms) plus a wake-up allowance of 1 ms (a parked
 /// thread's wake-up on a shared VM; stated, not tuned) after its deadline, µs.
 pub(crate) const ON_TIME_US: u64 = 2_000;
+
+/// The wake-up allowance within [`ON_TIME_US`], µs: a stall of the machine itself
+/// longer than this, during a workload, is wake-up latency the allowance did not
+/// cover (`Timeliness::Stalled`).
+pub(crate) const WAKE_ALLOWANCE_US: u64 = 1_000;
 
 /// The share of a workload's timers that must be on time for guarantee 2 to hold.
 pub(crate) const ON_TIME_SHARE: f64 = 0.99;
@@ -238,6 +256,9 @@ pub(crate) struct Readings {
     pub(crate) machine_busy_seconds: Option<f64>,
     /// The CPUs the machine's busy time was counted over.
     pub(crate) machine_cpus: Option<usize>,
+    /// The longest time, µs, a CPU of the machine stalled: woke a sleeping probe
+    /// thread that late with no thread ahead of it ([`crate::system::StallProbe`]).
+    pub(crate) machine_stall_us: Option<u64>,
 }
 
 impl Readings {
@@ -269,6 +290,8 @@ pub(crate) struct Meter {
     cpu: Option<f64>,
     /// The machine's busy CPU seconds at start, and its CPUs.
     machine: Option<(f64, usize)>,
+    /// Watches the CPUs for stalls of the machine itself.
+    stalls: crate::system::StallProbe,
 }
 
 impl Meter {
@@ -279,6 +302,7 @@ impl Meter {
             start: Instant::now(),
             cpu: cpu_seconds(),
             machine: crate::system::machine_busy(),
+            stalls: crate::system::StallProbe::start(),
         }
     }
 
@@ -296,6 +320,7 @@ impl Meter {
                 _ => None,
             },
             machine_cpus: self.machine.map(|(_, cpus)| cpus),
+            machine_stall_us: self.stalls.longest_us(),
         }
     }
 }
@@ -531,9 +556,15 @@ fn print_notes_and_verdicts(run: &RunReport) {
     );
     println!("on time whatever the load; one that misses it is LATE, unless the machine was too");
     println!(
-        "loaded to judge (this process or the whole machine {:.0} % busy, or other processes {:.0} %).",
+        "loaded to judge (this process or the whole machine {:.0} % busy, or other processes {:.0} %),",
         BUSY_SHARE * 100.0,
         OTHERS_SHARE * 100.0
+    );
+    println!(
+        "or stalled: a CPU ran no thread for over {WAKE_ALLOWANCE_US} µs, long enough to explain the p99 (a probe"
+    );
+    println!(
+        "thread per CPU, sleeping 1 ms at a time, woke that late with no thread ahead of it)."
     );
     println!("on time (guarantee 2), per workload:");
     for w in &run.workloads {
@@ -543,11 +574,19 @@ fn print_notes_and_verdicts(run: &RunReport) {
         let verdict = match w.timeliness(cores) {
             Timeliness::OnTime => format!("on time ({share:.1} %; {load})"),
             Timeliness::Late => format!(
-                "LATE: {share:.1} % on time, p99 {} µs, on a machine with CPU to spare ({load})",
-                w.lateness_us.p99
+                "LATE: {share:.1} % on time, p99 {} µs, on a machine with CPU to spare ({load}; longest stall of the machine itself {})",
+                w.lateness_us.p99,
+                w.process
+                    .machine_stall_us
+                    .map_or("not measured".into(), |us| format!("{us} µs"))
             ),
             Timeliness::TooLoaded => format!(
                 "not judged: {share:.1} % on time, the machine too loaded to judge ({load})"
+            ),
+            Timeliness::Stalled => format!(
+                "not judged: {share:.1} % on time, p99 {} µs, the machine stalled {} µs (a CPU ran no thread: host or interrupts; {load})",
+                w.lateness_us.p99,
+                w.process.machine_stall_us.unwrap_or(0)
             ),
             Timeliness::NotJudged => "not judged (a burst's lateness is its drain)".to_owned(),
         };
@@ -757,6 +796,34 @@ mod tests {
     }
 
     #[test]
+    fn only_a_stall_of_the_machine_past_the_allowance_that_explains_the_p99_excuses_lateness() {
+        let mut report = judged_report();
+        report.lateness_us.on_time = 0.97;
+        report.lateness_us.p99 = 4_000;
+        assert_eq!(report.timeliness(2), Timeliness::Late, "not measured");
+        report.process.machine_stall_us = Some(WAKE_ALLOWANCE_US);
+        assert_eq!(
+            report.timeliness(2),
+            Timeliness::Late,
+            "within the allowance"
+        );
+        report.process.machine_stall_us = Some(1_500);
+        assert_eq!(
+            report.timeliness(2),
+            Timeliness::Late,
+            "1.5 ms does not explain 4 ms"
+        );
+        report.process.machine_stall_us = Some(2_000);
+        assert_eq!(report.timeliness(2), Timeliness::Stalled);
+        report.lateness_us.on_time = 0.995;
+        assert_eq!(
+            report.timeliness(2),
+            Timeliness::OnTime,
+            "on time whatever the stall"
+        );
+    }
+
+    #[test]
     fn without_machine_readings_only_the_process_excuses_lateness() {
         let mut report = judged_report();
         report.process.machine_busy_seconds = None;
@@ -787,6 +854,7 @@ mod tests {
                 peak_rss_bytes: None,
                 machine_busy_seconds: Some(0.7),
                 machine_cpus: Some(2),
+                machine_stall_us: None,
             },
             notes: Vec::new(),
         }

@@ -3,6 +3,8 @@
 //! successful cancel) and returns a [`WorkloadReport`](crate::report::WorkloadReport).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// Whether this process has made timers yet (a workload, `--compare`, `--sweep` or
@@ -28,6 +30,56 @@ pub(crate) fn memory_is_fresh() -> bool {
 pub(crate) const NOT_FRESH: &str = "bytes per pending timer not measured: earlier \
     timers of this process freed memory that sharded-timer's entry pool reuses (run \
     this workload alone, or first, for the figure)";
+
+/// Stands between a timer and the task it wakes: records when it was last woken,
+/// then wakes the task. So a workload tells the timer's part of a task's lateness
+/// (when the timer woke it: guarantee 2) from the executor's (when a worker then ran
+/// it).
+#[derive(Default)]
+pub(crate) struct WakeProbe {
+    /// The instant of the last wake.
+    woken_at: Mutex<Option<Instant>>,
+    /// The task's waker, from its last poll.
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for WakeProbe {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let now = Instant::now();
+        *self.woken_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
+        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
+impl WakeProbe {
+    /// When the timer last woke the task.
+    pub(crate) fn woken_at(&self) -> Option<Instant> {
+        *self.woken_at.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `cx`'s waker as the task's, and returns the context to poll the timer
+    /// with: `probe_waker`, this probe as a waker (made once by the caller, so the
+    /// timer sees the same waker at each poll).
+    pub(crate) fn stand_in<'a>(&self, cx: &Context<'_>, probe_waker: &'a Waker) -> Context<'a> {
+        let replaced = {
+            let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+            if task.as_ref().is_some_and(|task| task.will_wake(cx.waker())) {
+                None
+            } else {
+                task.replace(cx.waker().clone())
+            }
+        };
+        // The task's old waker is dropped outside the lock.
+        drop(replaced);
+        Context::from_waker(probe_waker)
+    }
+}
 
 pub(crate) mod asynchronous;
 pub(crate) mod backpressure;

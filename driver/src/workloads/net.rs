@@ -35,7 +35,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Wake, Waker};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use sharded_timer::{Callbacks, ShardedTimer};
@@ -44,6 +44,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::report::{cpu_seconds, histogram, lateness, Lateness, Meter, Rates, WorkloadReport};
 use crate::Common;
+
+use super::WakeProbe;
 
 /// A request's (and its answer's) timeout; none should elapse on loopback.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
@@ -157,30 +159,6 @@ struct Idle {
     probe_waker: Waker,
 }
 
-/// Stands between a timer and the task it wakes: records when it was last woken,
-/// then wakes the task.
-#[derive(Default)]
-struct WakeProbe {
-    /// The instant of the last wake.
-    woken_at: Mutex<Option<Instant>>,
-    /// The task's waker, from its last poll.
-    task: Mutex<Option<Waker>>,
-}
-
-impl Wake for WakeProbe {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-    fn wake_by_ref(self: &Arc<Self>) {
-        let now = Instant::now();
-        *self.woken_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if let Some(task) = task {
-            task.wake();
-        }
-    }
-}
-
 impl Idle {
     /// An idle timer around `sleep`.
     fn new(sleep: IdleSleep) -> Self {
@@ -210,11 +188,7 @@ impl Idle {
 
     /// When the timer last woke the task.
     fn woken_at(&self) -> Option<Instant> {
-        *self
-            .probe
-            .woken_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.probe.woken_at()
     }
 }
 
@@ -222,17 +196,7 @@ impl Future for Idle {
     type Output = ();
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         let idle = self.get_mut();
-        let replaced = {
-            let mut task = idle.probe.task.lock().unwrap_or_else(|e| e.into_inner());
-            if task.as_ref().is_some_and(|task| task.will_wake(cx.waker())) {
-                None
-            } else {
-                task.replace(cx.waker().clone())
-            }
-        };
-        // The task's old waker is dropped outside the lock.
-        drop(replaced);
-        let mut cx = std::task::Context::from_waker(&idle.probe_waker);
+        let mut cx = idle.probe.stand_in(cx, &idle.probe_waker);
         match &mut idle.sleep {
             IdleSleep::Ours(sleep) => Pin::new(sleep).poll(&mut cx),
             IdleSleep::Tokio(sleep) => sleep.as_mut().poll(&mut cx),
