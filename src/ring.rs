@@ -321,9 +321,11 @@ impl<T> Ring<T> {
     /// After [`close`](Ring::close) returned `reserved`, pops every value reserved
     /// before the close, waiting for producers that reserved but have not yet written.
     ///
-    /// Waits with a backoff that ends in yields: a producer between its reservation
-    /// and its write may be a thread preempted on the consumer's own core, which a
-    /// spin would keep from running until the kernel's next scheduler tick.
+    /// Waits by spinning, then yielding, then sleeping 20 µs at a time: a producer
+    /// between its reservation and its write may be a thread preempted on the
+    /// consumer's own core, which a spin would keep from running until the kernel's
+    /// next scheduler tick, and a yield may not hand over (the scheduler may pick the
+    /// consumer again); a sleep does.
     pub fn drain_closed(&self, cursor: &mut Cursor, reserved: usize, each: &mut impl FnMut(T)) {
         let backoff = Backoff::new();
         while cursor.head != reserved {
@@ -332,7 +334,15 @@ impl<T> Ring<T> {
                     backoff.reset();
                     each(value);
                 }
-                None => backoff.snooze(),
+                None if !backoff.is_completed() => backoff.snooze(),
+                None => {
+                    // Under loom a backoff completes at once; yielding to the model
+                    // is the wait there.
+                    #[cfg(not(loom))]
+                    std::thread::sleep(std::time::Duration::from_micros(20));
+                    #[cfg(loom)]
+                    spin_loop();
+                }
             }
         }
     }

@@ -213,9 +213,9 @@ impl ModelShard {
                 self.link.shared.wake_up();
                 true
             }
-            Some(Park::Retry { popped }) => {
+            Some(Park::Retry { popped, cap }) => {
                 // The shard loop's wait before it turns again.
-                Stall::default().wait(popped);
+                Stall::default().wait(popped, cap);
                 false
             }
             Some(plan) => {
@@ -245,9 +245,9 @@ impl ModelShard {
         let (clock, plan) = self.model_plan(Some(&watch));
         match plan {
             Some(Park::No) => true,
-            Some(Park::Retry { popped }) => {
+            Some(Park::Retry { popped, cap }) => {
                 // The shard loop's wait before it turns again.
-                Stall::default().wait(popped);
+                Stall::default().wait(popped, cap);
                 true
             }
             Some(Park::Until(until, _)) if clock.tick_of(until) <= bound => {
@@ -287,7 +287,7 @@ pub fn park_for_model(core: &ShardCore) {
     let clock = Clock::at(Instant::now(), 3_600_000_000_000);
     match plan_park(core, clock, None, 0, None, None) {
         // The shard loop's wait before it turns again.
-        Park::Retry { popped } => Stall::default().wait(popped),
+        Park::Retry { popped, cap } => Stall::default().wait(popped, cap),
         plan => park(plan, core.shared(), None, false),
     }
 }

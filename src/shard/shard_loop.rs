@@ -299,7 +299,7 @@ impl ShardThread {
             });
             match plan.flatten() {
                 None => break Vec::new(), // a callback on this thread took the core
-                Some(Park::Retry { popped }) => stall.wait(popped),
+                Some(Park::Retry { popped, cap }) => stall.wait(popped, cap),
                 Some(plan) => {
                     stall.clear();
                     park(plan, &shared, watcher.as_ref(), deferred);
