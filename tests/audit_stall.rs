@@ -8,8 +8,9 @@
 //! returned `true` for it, or `shutdown` handed it back, and never two of these.
 //! "Never early" is strict (callback start against `TimerHandle::deadline()`, the
 //! deadline in effect after every reset). Lateness is measured at the callback's start
-//! (pool latency included) and bounded by `LATE` = 50 ms: 50 ticks of 1 ms, generous
-//! for a shared 2-core VM with up to 12 busy producer threads.
+//! (pool latency included) and bounded by `LATE` = 50 ms in a release build (50 ticks
+//! of 1 ms, generous for a shared 2-core VM with up to 16 busy producer threads), 200
+//! ms in a debug build (see `LATE`).
 //!
 //! Load: one timer in 16 is due within 5 ms, the rest 40 s to 1 h ahead (they come
 //! back from shutdown). Firehoses where every timer fires soon overloaded expiry and
@@ -37,8 +38,17 @@ use sharded_timer::{
 mod support;
 use support::{joined_within, wait_until, Rng};
 
-/// The lateness bound (callback start after the deadline in effect).
-const LATE: Duration = Duration::from_millis(50);
+/// The lateness bound (callback start after the deadline in effect): 50 ms in a
+/// release build; 200 ms in a debug build (the README's `cargo test`), where the
+/// firehoses' 8–16 producers keep both cores busy, the shard gets about a ninth of
+/// the machine, and its work per timer is several times a release build's: the inline
+/// firehose's shard-side lateness was 11–25 ms here and 75 ms once in CI, debug,
+/// against at most 27 ms in the audit's release runs.
+const LATE: Duration = if cfg!(debug_assertions) {
+    Duration::from_millis(200)
+} else {
+    Duration::from_millis(50)
+};
 /// Bound on waiting for a condition that should take milliseconds.
 const WAIT: Duration = Duration::from_secs(10);
 
