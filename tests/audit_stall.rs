@@ -85,14 +85,24 @@ struct Book {
     cancelled: Vec<AtomicU32>,
 }
 
+/// Leaks `value` for the rest of the process (callbacks that may outlive a test's
+/// frame reach it), kept reachable from a static so that LeakSanitizer (`.ci/run`'s
+/// AddressSanitizer step) does not report it as lost.
+fn kept<T: std::any::Any + Send + Sync>(value: T) -> &'static T {
+    static KEPT: Mutex<Vec<&'static (dyn std::any::Any + Send + Sync)>> = Mutex::new(Vec::new());
+    let value: &'static T = Box::leak(Box::new(value));
+    KEPT.lock().unwrap_or_else(|e| e.into_inner()).push(value);
+    value
+}
+
 impl Book {
     fn new(n: usize) -> &'static Book {
-        Box::leak(Box::new(Book {
+        kept(Book {
             base: Instant::now(),
             runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
             at_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
             cancelled: (0..n).map(|_| AtomicU32::new(0)).collect(),
-        }))
+        })
     }
 
     /// The callback of timer `i`.
@@ -899,10 +909,10 @@ fn advance_is_not_slowed_by_producers_mid_push() {
         runs: Vec<AtomicU32>,
         early: AtomicUsize,
     }
-    let seen: &'static Seen = Box::leak(Box::new(Seen {
+    let seen: &'static Seen = kept(Seen {
         runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
         early: AtomicUsize::new(0),
-    }));
+    });
     let stop = AtomicBool::new(false);
     let (handles, slowest, steps) = std::thread::scope(|scope| {
         let producers: Vec<_> = (0..PRODUCERS)

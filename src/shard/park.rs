@@ -92,7 +92,7 @@ pub(super) struct Stall {
     popped: Option<usize>,
     /// The backoff since the rings last gave something.
     backoff: Backoff,
-    /// The next nap, once the backoff is complete (zero: [`FIRST_NAP`]).
+    /// The next nap, once the backoff is complete (set to [`FIRST_NAP`] at each start).
     nap: Duration,
 }
 
