@@ -140,7 +140,12 @@ impl Armed {
     /// `max_pending` only if `holds_room` (a `try_*` future's). A deadline at or before
     /// the service's now needs no timer: the sleep is elapsed at once (guarantee 8;
     /// docs/architecture.md). A refusal completes it at once, with the reason.
-    fn new(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
+    fn new(
+        home: &CoreHome<Arc<Inner>>,
+        deadline: Instant,
+        holds_room: bool,
+        waker: Option<&Waker>,
+    ) -> Armed {
         // A paused thread's clock follows tokio's paused one, which may have moved on
         // since this thread last looked: caught up first, a deadline tokio's clock has
         // passed is past here too (as tokio's own timers judge it at a first poll).
@@ -151,21 +156,35 @@ impl Armed {
         if home.is_past(deadline) {
             return Armed::Done(Done::Elapsed);
         }
-        Armed::ahead(home, deadline, holds_room)
+        Armed::ahead(home, deadline, holds_room, waker)
     }
 
     /// As [`new`](Self::new), for a `deadline` known to be after the service's now.
-    fn ahead(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
+    fn ahead(
+        home: &CoreHome<Arc<Inner>>,
+        deadline: Instant,
+        holds_room: bool,
+        waker: Option<&Waker>,
+    ) -> Armed {
         let mut armed = Armed::UNARMED;
-        armed.arm_ahead(home, deadline, holds_room);
+        armed.arm_ahead(home, deadline, holds_room, waker);
         armed
     }
 
     /// As [`ahead`](Self::ahead), into `self`: each outcome stored where it stays (a
     /// 16-byte outcome merged from the branches went through the stack as two 8-byte
-    /// stores read back as one 16-byte load, which stalls: issue 30).
-    fn arm_ahead(&mut self, home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) {
-        match home.schedule_sleep(deadline, holds_room) {
+    /// stores read back as one 16-byte load, which stalls: issue 30). `waker`: the
+    /// waker of the task whose poll arms the sleep, stored with the timer before it is
+    /// filed (that poll then returns `Pending` with no handshake); `None` where no poll
+    /// arms it (a sleep armed when made, or re-armed by a reset).
+    fn arm_ahead(
+        &mut self,
+        home: &CoreHome<Arc<Inner>>,
+        deadline: Instant,
+        holds_room: bool,
+        waker: Option<&Waker>,
+    ) {
+        match home.schedule_sleep(deadline, holds_room, waker) {
             Ok(handle) => {
                 // A paused thread's mirror looks for the earliest timer again.
                 #[cfg(not(loom))]
@@ -179,7 +198,7 @@ impl Armed {
     /// As [`new`](Self::new), but unarmed for a deadline already past: the sleep is
     /// then armed, and completed, by its next poll (not elapsed before it).
     fn unless_past(home: &CoreHome<Arc<Inner>>, deadline: Instant, holds_room: bool) -> Armed {
-        match Armed::new(home, deadline, holds_room) {
+        match Armed::new(home, deadline, holds_room, None) {
             Armed::Done(Done::Elapsed) => Armed::UNARMED,
             armed => armed,
         }
@@ -221,7 +240,8 @@ impl Armed {
 
     /// As [`disarm`](Self::disarm), but the stored waker, if any, comes back to the
     /// caller instead of being dropped: a re-armed sleep whose task waits on it must
-    /// wake that task, or nothing would (its old timer will not fire).
+    /// wake that task, or nothing would (its old timer will not fire). If the timer
+    /// finished the sleep first, that finish owns the waker and wakes the task: `None`.
     fn give_up(&self, home: &CoreHome<Arc<Inner>>) -> Option<Waker> {
         let Armed::Timer(handle) = self else {
             return None;
@@ -295,11 +315,12 @@ impl Sleep {
 
     /// Arms the sleep (its first poll, or a `Timeout`'s first poll at which its future
     /// was pending): fixes an unfixed deadline from the precise now, then schedules
-    /// the timer unless the deadline has passed.
-    fn arm(&mut self) -> &Armed {
+    /// the timer unless the deadline has passed, with the polling task's `waker` in
+    /// it (so a timer armed here needs no registration: the poll is `Pending`).
+    fn arm(&mut self, waker: &Waker) -> &Armed {
         let unfixed = std::mem::replace(&mut self.unfixed, FIXED);
         match unfixed {
-            FIXED => self.armed = Armed::new(&self.home, self.deadline, false),
+            FIXED => self.armed = Armed::new(&self.home, self.deadline, false, Some(waker)),
             delay => {
                 let now = self.home.now();
                 if let Some(from_now) = now.checked_add(std::time::Duration::from_nanos(delay)) {
@@ -308,7 +329,8 @@ impl Sleep {
                 if self.deadline <= now {
                     self.armed = Armed::Done(Done::Elapsed);
                 } else {
-                    self.armed.arm_ahead(&self.home, self.deadline, false);
+                    self.armed
+                        .arm_ahead(&self.home, self.deadline, false, Some(waker));
                 }
             }
         }
@@ -488,9 +510,17 @@ impl Future for Sleep {
             this.catch_up();
         }
         let armed = match this.armed {
-            Armed::Done(Done::Unarmed) => this.arm(),
+            Armed::Done(Done::Unarmed) => match this.arm(cx.waker()) {
+                // Its waker went in with the timer, before anyone could finish it.
+                Armed::Timer(_) => return Poll::Pending,
+                armed => armed,
+            },
             Armed::Done(Done::UnarmedYielding) => {
-                let elapsed = matches!(this.arm(), Armed::Done(Done::Elapsed));
+                let armed = this.arm(cx.waker());
+                if matches!(armed, Armed::Timer(_)) {
+                    return Poll::Pending;
+                }
+                let elapsed = matches!(armed, Armed::Done(Done::Elapsed));
                 if elapsed && this.passed_within_a_tick() {
                     this.armed = Armed::Done(Done::Yielded);
                     cx.waker().wake_by_ref();

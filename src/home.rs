@@ -41,6 +41,7 @@
 #![forbid(unsafe_code)]
 
 use std::fmt;
+use std::task::Waker;
 use std::time::Instant;
 
 use crate::clock::{Clock, Nanos, TimeSource};
@@ -180,12 +181,19 @@ impl<K: Clone> CoreHome<K> {
         // Filed directly if the shard's token is free, else through its ring.
         if let Err(service_ref) = self.direct.schedule(shard, service_ref, due) {
             // The shard has shut down: nobody else has seen this entry; dropping both
-            // references drops the callback.
+            // references drops the callback. A sleep's waker (stored by the poll that
+            // arms it) is taken out first, so that the drop, which finishes the sleep
+            // abandoned, wakes nobody: the refusal completes that poll at once.
+            let waker = handle_ref
+                .sleep_shared()
+                .and_then(|shared| shared.give_up().1);
             drop(service_ref);
             drop(handle_ref);
             if let Some(limit) = limit {
                 limit.release();
             }
+            // User code last, after the bookkeeping.
+            drop(waker);
             return Err(ScheduleError::Shutdown);
         }
         Ok(EntryHandle::new(handle_ref, shard))
@@ -195,6 +203,8 @@ impl<K: Clone> CoreHome<K> {
     /// and waker, `entry/sleep.rs`): shutdown cancels it (completing the sleep) instead
     /// of handing it back, and only a `try_*` future's timer
     /// (`holds_room`) is bounded by `max_pending` (guarantee 9; docs/architecture.md).
+    /// `waker`: the waker of the task whose poll arms it, stored in the entry before
+    /// it is filed (`SleepShared::polled`).
     ///
     /// # Errors
     ///
@@ -203,10 +213,11 @@ impl<K: Clone> CoreHome<K> {
         &self,
         deadline: Instant,
         holds_room: bool,
+        waker: Option<&Waker>,
     ) -> Result<EntryHandle, Refusal> {
         let deadline = self.clock.instant_to_ns(deadline);
         self.file(TimerId::next(), deadline, holds_room, |id| {
-            EntryRef::new_sleep(id, deadline, holds_room)
+            EntryRef::new_sleep(id, deadline, holds_room, waker.cloned())
         })
         .map_err(Refusal::from)
     }

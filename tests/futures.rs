@@ -317,3 +317,84 @@ fn a_timeout_fixes_its_deadline_at_its_first_pending_poll_never_early() {
     }
     assert!(timer.shutdown().is_empty());
 }
+
+/// Counts a waker's wakes.
+#[derive(Default)]
+struct CountWakes(std::sync::atomic::AtomicUsize);
+
+impl Wake for CountWakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Issue 41: the poll that arms a timeout's timer stores its waker in the timer's
+/// entry before filing it. A filing refused by a shutdown drops that entry unseen,
+/// which finishes it abandoned; the waker must be out by then: the poll completes
+/// refused at once, and nobody is woken (the simulation found the spurious wake).
+#[test]
+fn a_timeout_first_polled_after_shutdown_is_refused_at_once_and_wakes_nobody() {
+    let timer = small_timer();
+    drop(timer.shutdown());
+    let wakes = Arc::new(CountWakes::default());
+    let waker = std::task::Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut timeout =
+        Box::pin(timer.timeout(Duration::from_secs(3600), std::future::pending::<()>()));
+    match timeout.as_mut().poll(&mut cx) {
+        Poll::Ready(Err(elapsed)) => assert!(elapsed.refused().is_some(), "refused, not elapsed"),
+        other => panic!("expected a refusal at the first poll, got {other:?}"),
+    }
+    assert_eq!(wakes.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    drop(timeout);
+    assert_eq!(
+        Arc::strong_count(&wakes),
+        2,
+        "the waker's clones are all gone"
+    );
+}
+
+/// Issue 41: a timeout whose first poll armed its timer (the waker stored with it) is
+/// woken exactly once when the timer fires, and a second poll with another waker
+/// re-registers: the new waker is the one woken, the old one dropped.
+#[test]
+fn a_timeout_armed_at_its_first_poll_wakes_the_last_waker_once() {
+    let timer = small_timer();
+    let first = Arc::new(CountWakes::default());
+    let second = Arc::new(CountWakes::default());
+    let first_waker = std::task::Waker::from(first.clone());
+    let second_waker = std::task::Waker::from(second.clone());
+    let mut timeout = pin!(timer.timeout(Duration::from_millis(30), std::future::pending::<()>()));
+    assert!(timeout
+        .as_mut()
+        .poll(&mut Context::from_waker(&first_waker))
+        .is_pending());
+    assert!(timeout
+        .as_mut()
+        .poll(&mut Context::from_waker(&second_waker))
+        .is_pending());
+    drop(first_waker);
+    assert_eq!(
+        Arc::strong_count(&first),
+        1,
+        "the replaced waker was dropped"
+    );
+    assert!(
+        wait_until(WAIT, || second.0.load(std::sync::atomic::Ordering::SeqCst)
+            == 1),
+        "the timer woke the last waker"
+    );
+    assert_eq!(first.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert!(matches!(
+        timeout
+            .as_mut()
+            .poll(&mut Context::from_waker(&second_waker)),
+        Poll::Ready(Err(_))
+    ));
+    assert_eq!(
+        second.0.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "woken once"
+    );
+    assert!(timer.shutdown().is_empty());
+}

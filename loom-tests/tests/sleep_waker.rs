@@ -8,13 +8,21 @@
 //! cancelled callback), where the first outcome must win.
 //! Asserts: the task always completes — loom reports a deadlock if a wake-up is lost
 //! (the task parked with no wake to come) — and it sees the outcome that won.
-//! Seeded bug that makes it fail: drop the re-check of `outcome` after storing the
-//! waker in `poll_finished` (finish runs between the first check and the store, takes
-//! no waker, and the task parks for ever): "deadlock; threads = [(Id(0),
-//! Blocked(Location(None))), (Id(1), Terminated)]".
+//! Seeded bug that makes it fail: `poll_finished` ignoring the outcome its clear of
+//! `POLLING` reads back (`let finished = false && ..`: a finish that won while the
+//! poll stored its waker left the waker to the poll, which then parks for ever):
+//! "deadlock; threads = [(Id(0), Blocked(Location(None))), (Id(1), Terminated)]", in
+//! models 1, 2 and 5 (checked at issue 41; before it, with the waker under a mutex,
+//! dropping the re-check of `outcome` after the store did the same). The finish
+//! taking the waker while `POLLING` is set fails models 1, 2 and 5 with loom's
+//! "Causality violation: Concurrent write accesses to `UnsafeCell`".
 //! Third model (issue 19, defect 8): a sleep dropped while its timer fires; see its
 //! doc comment. Fourth model (issue 29, defect 3): a dropped sleep's waker is never
-//! dropped inside the shard's turn; see its doc comment.
+//! dropped inside the shard's turn; see its doc comment. Fifth model (issue 41): a
+//! waker stored with the timer by the poll that arms it, then the handshake of a
+//! second poll racing the shard's fire; see its doc comment. (Since issue 41 the
+//! waker sits in a cell that one state word hands over, with a `POLLING` bit, where
+//! a mutex guarded it: loom's cell tracking checks every access to it.)
 //! Command: as in `ring.rs`, with `--test sleep_waker`.
 #![cfg(loom)]
 
@@ -139,7 +147,7 @@ fn a_sleep_entry_fired_by_the_shard_while_its_future_drops_it() {
     use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
     model(|| {
         let (shard_shared, mut core) = shard::new(2);
-        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false);
+        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false, None);
         assert!(shard_shared.push_insert(service, Tick::new(0)).is_ok());
         core.drain_inserts();
         let wakes = std::sync::Arc::new(CountWakes(loom::sync::atomic::AtomicUsize::new(0)));
@@ -215,7 +223,7 @@ fn a_dropped_sleeps_waker_is_never_dropped_inside_the_shards_turn() {
     use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
     model(|| {
         let (shard_shared, mut core) = shard::new(2);
-        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false);
+        let (handle, service) = EntryRef::new_sleep(next_id(), Nanos::new(0), false, None);
         assert!(shard_shared.push_insert(service, Tick::new(0)).is_ok());
         core.drain_inserts();
         let draining = std::sync::Arc::new(loom::sync::atomic::AtomicBool::new(false));
@@ -248,5 +256,59 @@ fn a_dropped_sleeps_waker_is_never_dropped_inside_the_shards_turn() {
         core.drain_messages();
         draining.store(false, loom::sync::atomic::Ordering::SeqCst);
         assert!(disarmed || fired == 1, "the disarm lost only to the fire");
+    });
+}
+
+/// Model 5 (issue 41): a first poll arms the sleep's timer with its waker already in
+/// the entry (`EntryRef::new_sleep(.., Some(waker))`, `SleepShared::polled`: what
+/// `Sleep::poll` does when it arms), files it through the real insert ring and
+/// returns `Pending` with no handshake; the real `ShardCore` takes it and fires it on
+/// its own thread while the task polls again (`poll_finished`, the handshake with
+/// `POLLING`), however the two interleave.
+/// Asserts: the task always completes (a lost wake-up is loom's deadlock) and sees
+/// `ELAPSED`; the entry and its waker are freed (loom's leak check).
+/// Seeded bug that makes it fail: the finish taking the waker even while a poll has
+/// set `POLLING` (`if state & POLLING == 0` made always true): loom reports the two
+/// accesses to the waker's cell as a race ("Causality violation: Concurrent mutable
+/// access and mutable access").
+#[test]
+fn a_sleep_armed_with_its_waker_at_its_first_poll_is_woken_when_it_fires() {
+    use loom_tests::shard;
+    use sharded_timer::__loom::{next_id, EntryRef, Nanos, Tick};
+    model(|| {
+        let (shard_shared, mut core) = shard::new(2);
+        let shard_thread = thread::spawn(move || {
+            // The shard's loop: take the insert, fire it (tick 0 is due at once).
+            loop {
+                core.drain_inserts();
+                if shard::turn(&mut core, 0) == 1 {
+                    break;
+                }
+                thread::yield_now();
+            }
+            core
+        });
+        let mut armed: Option<EntryRef> = None;
+        loom::future::block_on(poll_fn(|cx| match &armed {
+            None => {
+                let (handle, service) =
+                    EntryRef::new_sleep(next_id(), Nanos::new(0), false, Some(cx.waker().clone()));
+                assert!(shard_shared.push_insert(service, Tick::new(0)).is_ok());
+                armed = Some(handle);
+                std::task::Poll::Pending
+            }
+            Some(handle) => handle
+                .sleep_shared()
+                .expect("a sleep's entry")
+                .poll_finished(cx),
+        }));
+        let mut core = shard_thread.join().unwrap();
+        let handle = armed.expect("armed at the first poll");
+        assert_eq!(
+            handle.sleep_shared().expect("a sleep's entry").outcome(),
+            ELAPSED
+        );
+        drop(handle);
+        core.drain_messages();
     });
 }

@@ -9,7 +9,8 @@
 //!
 //! # Ground rules (the entry's, as they apply here)
 //!
-//! `SleepShared` is read through any reference (it is `Sync`: an atomic and a mutex) and
+//! `SleepShared` is read through any reference (it is `Sync`: an atomic word, and a
+//! waker cell that the word hands from side to side; see its docs) and
 //! dropped only with the allocation, by the last reference: the future's handle keeps
 //! it readable for as long as the future holds the handle. The vtable's `run` and
 //! `drop_callback` take nothing out of the entry; each calls [`SleepShared::finish`],
@@ -28,7 +29,8 @@
 use core::ptr::NonNull;
 
 use super::{EntryRef, Header, Nanos, TimerId, Vtable};
-use crate::sync::{AtomicU8, Mutex, Ordering};
+use crate::sync::{AtomicU8, Ordering, UnsafeCell};
+use std::fmt;
 use std::task::{Context, Poll, Waker};
 
 /// The sleep's timer has not finished it.
@@ -41,104 +43,217 @@ pub const ABANDONED: u8 = 2;
 /// (tokio's contract: dropping a timer future only cancels).
 pub const DISARMED: u8 = 3;
 
+/// The outcome's bits of [`SleepShared`]'s state word.
+const OUTCOME: u8 = 0b011;
+/// Set while the sleep's future stores its waker ([`SleepShared::poll_finished`]).
+const POLLING: u8 = 0b100;
+
 /// What a sleep's timer and its future share: the outcome and the waker. It lives in
 /// the timer's own entry ([`SleepEntry`]): one allocation per armed sleep.
 ///
-/// The handshake (a loom model, `loom-tests/tests/sleep_waker.rs`, drives these very
-/// methods): the poller stores its waker under the mutex and then re-reads the
-/// outcome; `finish` CASes the outcome and then takes the waker under the same mutex.
-/// Either the poller's re-read sees the outcome, or `finish`'s take comes after the
-/// store and wakes the stored waker — a wake-up cannot be lost.
-#[derive(Debug, Default)]
+/// # The handshake
+///
+/// One state word holds the outcome (`WAITING`, `ELAPSED`, `ABANDONED`, `DISARMED`)
+/// and a `POLLING` bit; the waker sits in a cell beside it that the word hands from
+/// one side to the other, with no lock:
+///
+/// - **Who may touch the waker.** The future (its poll, its drop, its reset: one
+///   thread at a time, since they take the future by `&mut`) while the outcome is
+///   `WAITING` and no `POLLING` is set by anyone but itself; the one call that moved
+///   the outcome off `WAITING` after that. A finisher that wins while `POLLING` is
+///   set leaves the waker to the poll under way, which sees the outcome when it
+///   clears the bit, takes the waker and returns `Ready`.
+/// - **No wake-up is lost.** A poll sets `POLLING` (from `WAITING` only), stores the
+///   waker, clears `POLLING`. A finish that wins before the set makes the set fail:
+///   `Ready`. One that wins between the set and the clear is seen by the clear:
+///   `Ready`. One that wins after the clear finds the stored waker (its Acquire CAS
+///   pairs with the clear's Release) and wakes it.
+/// - **A waker stored before the timer is filed** ([`SleepShared::polled`]: a first
+///   poll arms the timer with its waker, with no handshake at all) is published with
+///   the entry: filing it into a shard (the ring's Release, the token's) happens
+///   before any finisher reads it.
+///
+/// A loom model drives these very methods (`loom-tests/tests/sleep_waker.rs`).
 pub struct SleepShared {
-    /// `WAITING`, `ELAPSED` or `ABANDONED`; written once by the callback or its drop.
-    outcome: AtomicU8,
-    /// The waker of the task that last polled the sleep.
-    waker: Mutex<Option<Waker>>,
+    /// The outcome (the low two bits) and `POLLING`.
+    state: AtomicU8,
+    /// The waker of the task that last polled the sleep; touched only as the
+    /// handshake (above) allows.
+    waker: UnsafeCell<Option<Waker>>,
+}
+
+// SAFETY: the waker (`Send + Sync`) is touched by one thread at a time, handed over
+// by the state word's atomic read-modify-writes (the handshake above); everything
+// else is atomic.
+unsafe impl Sync for SleepShared {}
+// SAFETY: as for `Sync`: a `Waker` may move between threads.
+unsafe impl Send for SleepShared {}
+
+impl Default for SleepShared {
+    fn default() -> SleepShared {
+        SleepShared::new()
+    }
+}
+
+impl fmt::Debug for SleepShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SleepShared")
+            .field("outcome", &self.outcome())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SleepShared {
     /// A sleep not yet finished, with no waker.
     pub fn new() -> SleepShared {
         SleepShared {
-            outcome: AtomicU8::new(WAITING),
-            waker: Mutex::new(None),
+            state: AtomicU8::new(WAITING),
+            waker: UnsafeCell::new(None),
         }
     }
 
-    /// Records the outcome (first writer wins) and wakes the waiting task. Returns
-    /// whether this call's outcome won.
+    /// A sleep not yet finished whose task already waits on it: `waker` is stored
+    /// before anyone else can see the sleep (its timer is not filed yet), so the poll
+    /// that arms the timer returns `Pending` without the handshake.
+    pub fn polled(waker: Waker) -> SleepShared {
+        SleepShared {
+            state: AtomicU8::new(WAITING),
+            waker: UnsafeCell::new(Some(waker)),
+        }
+    }
+
+    /// Records the outcome (first writer wins) and wakes the waiting task, unless
+    /// its poll is under way (that poll then returns `Ready`). Returns whether this
+    /// call's outcome won.
     pub fn finish(&self, outcome: u8) -> bool {
-        // ORDERING: AcqRel: the poller's Acquire load of `outcome` sees it; nothing
-        // else is published through it. Failure Relaxed: already finished.
-        let won = self
-            .outcome
-            .compare_exchange(WAITING, outcome, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok();
-        if won {
-            let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
+        debug_assert!(outcome != WAITING && outcome & !OUTCOME == 0);
+        // ORDERING: Relaxed: this load only spares the CAS where the sleep is finished
+        // already (a disarmed sleep's cancelled timer); the CAS decides.
+        let mut state = self.state.load(Ordering::Relaxed);
+        loop {
+            if state & OUTCOME != WAITING {
+                return false;
+            }
+            // ORDERING: AcqRel on success: Acquire pairs with the poll's Release (the
+            // clear of POLLING), so the waker it stored is seen here; Release publishes
+            // the outcome to the Acquire loads of `outcome` and the poll. Failure
+            // Relaxed: the loop reads the outcome again and only that.
+            match self.state.compare_exchange_weak(
+                state,
+                state | outcome,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => state = now,
+            }
+        }
+        if state & POLLING == 0 {
+            // SAFETY: we moved the outcome off WAITING with no poll under way: the
+            // waker is ours alone (the handshake): no poll stores one any more (its
+            // set of POLLING fails), and `give_up`'s disarm lost.
+            let waker = self.waker.with_mut(|waker| unsafe { (*waker).take() });
             if let Some(waker) = waker {
                 waker.wake();
             }
         }
-        won
+        true
     }
 
     /// The sleep's future gives its timer up (it is dropped or re-armed): unless the
     /// timer already finished it, the outcome becomes `DISARMED`, so that the timer's
     /// callback, dropped by the cancel that follows, wakes nobody. Returns whether
     /// this call disarmed it.
+    ///
+    /// Only the sleep's future calls this, never while its own poll is under way.
     pub fn disarm(&self) -> bool {
         // ORDERING: AcqRel/Relaxed as in `finish`: the same word, the same readers.
-        self.outcome
+        // The future is not polling, so POLLING is clear: WAITING is the whole word.
+        self.state
             .compare_exchange(WAITING, DISARMED, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
     }
 
     /// The sleep's future gives its timer up for good or for a new one (dropped,
     /// re-armed): [`disarm`](Self::disarm)s it (the first value: whether this call
-    /// did, so that the caller cancels the timer), and takes the stored waker out for
-    /// the caller to drop on its own thread, after the cancel (ground rules: a waker
-    /// is user code, and the entry's last reference may go on a shard thread, inside
-    /// its turn). Nothing stores a waker afterwards: only `poll_finished` does, for
-    /// the future that gave the timer up.
+    /// did, so that the caller cancels the timer), and, if it did, takes the stored
+    /// waker out for the caller to drop on its own thread, after the cancel (ground
+    /// rules: a waker is user code, and the entry's last reference may go on a shard
+    /// thread, inside its turn). If the timer finished the sleep first, the finish
+    /// owns the waker and wakes it (on its own thread, as every wake).
+    ///
+    /// Only the sleep's future calls this, never while its own poll is under way.
     pub fn give_up(&self) -> (bool, Option<Waker>) {
-        let disarmed = self.disarm();
-        let waker = self.waker.lock().unwrap_or_else(|e| e.into_inner()).take();
-        (disarmed, waker)
+        if !self.disarm() {
+            return (false, None);
+        }
+        // SAFETY: our disarm moved the outcome off WAITING with no poll under way: the
+        // waker is ours alone (the handshake).
+        let waker = self.waker.with_mut(|waker| unsafe { (*waker).take() });
+        (true, waker)
     }
 
     /// `WAITING`, `ELAPSED`, `ABANDONED` or `DISARMED`.
     pub fn outcome(&self) -> u8 {
         // ORDERING: Acquire pairs with the AcqRel CAS in `finish`.
-        self.outcome.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) & OUTCOME
     }
-}
 
-impl SleepShared {
     /// `Ready` once the sleep has an outcome; otherwise stores `cx`'s waker for
     /// `finish` to wake and returns `Pending`.
+    ///
+    /// Only the sleep's future calls this.
     pub fn poll_finished(&self, cx: &mut Context<'_>) -> Poll<()> {
-        // ORDERING: Acquire pairs with the AcqRel CAS in `SleepShared::finish`.
-        if self.outcome.load(Ordering::Acquire) != WAITING {
+        // ORDERING: Acquire pairs with the AcqRel CAS in `finish` (the outcome; it
+        // publishes nothing else).
+        if self.state.load(Ordering::Acquire) & OUTCOME != WAITING {
             return Poll::Ready(());
         }
+        // ORDERING: Acquire, as above, for the outcome a failure reads. The success
+        // needs no ordering for the waker: it was last written by this future (on its
+        // thread, or before the future moved here) or taken by a finish that won,
+        // which a success rules out.
+        if self
+            .state
+            .compare_exchange(
+                WAITING,
+                WAITING | POLLING,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            )
+            .is_err()
         {
-            let mut waker = self.waker.lock().unwrap_or_else(|e| e.into_inner());
-            match waker.as_ref() {
-                Some(current) if current.will_wake(cx.waker()) => {}
-                _ => *waker = Some(cx.waker().clone()),
-            }
-        }
-        // Finished between the first check and storing the waker: `finish` may have
-        // taken the old waker (or none), so check again rather than miss the wake.
-        // ORDERING: Acquire, as above. The waker mutex orders this load after our
-        // store, and `finish`'s CAS before its take: if `finish`'s take saw no waker
-        // of ours, its CAS precedes our unlock, so this load sees the outcome.
-        if self.outcome.load(Ordering::Acquire) != WAITING {
             return Poll::Ready(());
         }
-        Poll::Pending
+        let replaced = self.waker.with_mut(|waker| {
+            // SAFETY: POLLING is set, by us: a finish that wins now leaves the waker to
+            // us, and `give_up` is this future's, not under way during its poll; the
+            // cell is ours until we clear POLLING.
+            let waker = unsafe { &mut *waker };
+            match waker {
+                Some(current) if current.will_wake(cx.waker()) => None,
+                _ => waker.replace(cx.waker().clone()),
+            }
+        });
+        // ORDERING: Release publishes the stored waker to a finish whose CAS comes
+        // later (its Acquire); Acquire reads an outcome a finish set meanwhile.
+        let before = self.state.fetch_and(!POLLING, Ordering::AcqRel);
+        let finished = before & OUTCOME != WAITING;
+        let left_to_us = if finished {
+            // SAFETY: a finish won while POLLING was set, so it left the waker to us;
+            // nobody else touches it once the outcome is set (the handshake).
+            self.waker.with_mut(|waker| unsafe { (*waker).take() })
+        } else {
+            None
+        };
+        // User code last: the wakers go after the handshake.
+        drop(replaced);
+        drop(left_to_us);
+        if finished {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
     }
 }
 
@@ -224,7 +339,16 @@ impl EntryRef {
     /// service's): shutdown cancels it (finishing the sleep as abandoned) instead of
     /// handing it back. It holds room under `max_pending` only if `holds_room` (a
     /// `try_*` future's).
-    pub fn new_sleep(id: TimerId, deadline: Nanos, holds_room: bool) -> (EntryRef, EntryRef) {
+    ///
+    /// `waker`, if any, is the waker of the task whose poll arms the timer: stored
+    /// before the entry is filed ([`SleepShared::polled`]), so that the poll needs no
+    /// handshake.
+    pub fn new_sleep(
+        id: TimerId,
+        deadline: Nanos,
+        holds_room: bool,
+        waker: Option<Waker>,
+    ) -> (EntryRef, EntryRef) {
         let vtable = if holds_room {
             &SleepEntry::TRY_VTABLE
         } else {
@@ -232,7 +356,7 @@ impl EntryRef {
         };
         let header = super::pool::boxed(SleepEntry {
             header: Header::new(id, deadline, vtable),
-            shared: SleepShared::new(),
+            shared: waker.map_or_else(SleepShared::new, SleepShared::polled),
         })
         .cast::<Header>();
         (EntryRef(header), EntryRef(header))
@@ -273,7 +397,7 @@ mod tests {
     /// A sleep entry with a stored waker; returns both references and the waker's
     /// counter.
     fn polled() -> (EntryRef, EntryRef, Arc<Counted>) {
-        let (handle, service) = EntryRef::new_sleep(TimerId::next(), Nanos::new(5), false);
+        let (handle, service) = EntryRef::new_sleep(TimerId::next(), Nanos::new(5), false, None);
         let counted = Arc::new(Counted::default());
         let waker = Waker::from(counted.clone());
         let shared = handle.sleep_shared().expect("a sleep's entry");
