@@ -225,6 +225,10 @@ impl SleepShared {
         {
             return Poll::Ready(());
         }
+        // The waker's clone is user code and may panic: unwinding out of it must not
+        // leave POLLING set for good (a drop's disarm, which expects `WAITING`, would
+        // fail, and a finish would leave the waker to a poll that is gone).
+        let unwinding = PollUnwind(self);
         let replaced = self.waker.with_mut(|waker| {
             // SAFETY: POLLING is set, by us: a finish that wins now leaves the waker to
             // us, and `give_up` is this future's, not under way during its poll; the
@@ -235,6 +239,7 @@ impl SleepShared {
                 _ => waker.replace(cx.waker().clone()),
             }
         });
+        core::mem::forget(unwinding);
         // ORDERING: Release publishes the stored waker to a finish whose CAS comes
         // later (its Acquire); Acquire reads an outcome a finish set meanwhile.
         let before = self.state.fetch_and(!POLLING, Ordering::AcqRel);
@@ -253,6 +258,29 @@ impl SleepShared {
             Poll::Ready(())
         } else {
             Poll::Pending
+        }
+    }
+}
+
+/// Clears `POLLING` if a poll unwinds out of its waker's clone (a panic in user
+/// code); forgotten on every other path. A finish that came meanwhile left the old
+/// waker to the poll: it is woken here, as that finish would have woken it, so a
+/// caller that catches the panic and keeps the sleep loses no wake-up (audit
+/// `tests/audit_sleep_waker.rs`: with the bit left set, a drop could no longer
+/// cancel the timer, and the earlier waker was never woken).
+struct PollUnwind<'a>(&'a SleepShared);
+
+impl Drop for PollUnwind<'_> {
+    fn drop(&mut self) {
+        // ORDERING: AcqRel, as the clear in `poll_finished`: the same hand-over.
+        let before = self.0.state.fetch_and(!POLLING, Ordering::AcqRel);
+        if before & OUTCOME != WAITING {
+            // SAFETY: a finish won while POLLING was set, so it left the waker to this
+            // poll; nobody else touches it once the outcome is set (the handshake).
+            let waker = self.0.waker.with_mut(|waker| unsafe { (*waker).take() });
+            if let Some(waker) = waker {
+                waker.wake();
+            }
         }
     }
 }
