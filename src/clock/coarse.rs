@@ -58,9 +58,11 @@ struct Coarse {
     instant_base: Instant,
     /// `MARGIN_TICKS` × the coarse resolution.
     margin: Duration,
-    /// How far from `instant_base` the true time of the coarse reading may be: the
-    /// chosen pair's width (module docs), plus `margin`: what [`latest_now`] adds.
-    behind: Duration,
+    /// `instant_base` plus how far from it the true time of the coarse reading may be
+    /// (the chosen pair's width, module docs, plus `margin`): what [`latest_now`]
+    /// adds to the coarse clock's advance, summed once here (`Instant` arithmetic is
+    /// exact, so the sum is the same in either order).
+    latest_base: Instant,
 }
 
 impl Coarse {
@@ -92,7 +94,7 @@ impl Coarse {
             coarse_base,
             instant_base,
             margin,
-            behind: width.checked_add(margin)?,
+            latest_base: instant_base.checked_add(width.checked_add(margin)?)?,
         })
     }
 
@@ -106,7 +108,9 @@ impl Coarse {
     /// An instant at or after now (module docs: `m + w + 4J`), from the coarse clock
     /// alone.
     fn latest_now(&self) -> Option<Instant> {
-        self.estimate()?.checked_add(self.behind)
+        coarse_monotonic(false)
+            .and_then(|coarse| coarse.checked_sub(self.coarse_base))
+            .and_then(|since| self.latest_base.checked_add(since))
     }
 
     /// Whether `deadline` is at or before now: from the coarse clock when it is
@@ -225,7 +229,10 @@ mod tests {
         let stall = margin + Duration::from_millis(20);
         let stalled = Coarse::calibrate(|_| std::thread::sleep(stall)).expect("calibrates");
         let calm = Coarse::calibrate(|_| {}).expect("calibrates");
-        assert!(stalled.behind >= stall, "a stalled pair's width is counted");
+        assert!(
+            stalled.latest_base.duration_since(stalled.instant_base) >= stall,
+            "a stalled pair's width is counted"
+        );
         for coarse in [&stalled, &calm] {
             for _ in 0..2_000 {
                 let before = Instant::now();
@@ -233,7 +240,8 @@ mod tests {
                 let after = Instant::now();
                 assert!(latest >= after, "{:?} before now", after - latest);
                 // Lag below one resolution, plus this test's two reads.
-                let bound = coarse.behind + resolution + (after - before);
+                let behind = coarse.latest_base.duration_since(coarse.instant_base);
+                let bound = behind + resolution + (after - before);
                 assert!(latest - before <= bound, "{:?} ahead", latest - before);
             }
         }
