@@ -338,6 +338,52 @@ fn a_panicking_spawner_is_counted_and_its_callback_dropped() {
     assert_eq!(dropped.dropped(), 1);
 }
 
+/// A sleep's wake handed to a spawner (one shard: no rescuer, so the wake leaves as the
+/// mode says) that drops it unrun, or panics on it: the timer fired, so the sleep and
+/// the timeout still complete elapsed, never before their deadline, and are not
+/// refused (they were, with `Shutdown`, while the service ran, before this round; the
+/// blind audit of issue 41 noticed).
+#[test]
+fn a_sleeps_wake_dropped_by_the_spawner_completes_it_elapsed_not_refused() {
+    for panics in [false, true] {
+        let timer = service(
+            1,
+            Callbacks::spawn(move |callback| {
+                if panics {
+                    panic!("spawner on purpose");
+                }
+                drop(callback);
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let start = Instant::now();
+        let sleep = timer.sleep(Duration::from_millis(5));
+        let deadline = sleep.deadline().into_std();
+        let timeout = timer.timeout(Duration::from_millis(5), std::future::pending::<()>());
+        let (slept, timed_out) = runtime.block_on(async {
+            let mut sleep = std::pin::pin!(sleep);
+            (&mut sleep).await;
+            let refused = sleep.refused();
+            (refused, timeout.await)
+        });
+        assert!(Instant::now() >= deadline, "never early");
+        assert!(start.elapsed() >= Duration::from_millis(5));
+        assert_eq!(
+            slept, None,
+            "the sleep elapsed (panicking spawner: {panics})"
+        );
+        let elapsed = timed_out.expect_err("the timeout elapsed");
+        assert_eq!(
+            elapsed.refused(),
+            None,
+            "elapsed, not refused (panics: {panics})"
+        );
+        assert!(timer.shutdown().is_empty());
+    }
+}
+
 // A repeating timer's run dropped unrun cancels the timer: tests/regressions.rs, d6.
 
 #[test]

@@ -110,7 +110,10 @@ impl Callbacks {
     /// Each fired timer is handed to `spawner` as a [`Callback`], on the shard thread
     /// that fired it, in deadline order; the spawner sends it where it should run and
     /// returns. A spawner that panics drops the callback unrun; the panic is caught and
-    /// counted in [`Stats::panicked`](crate::Stats::panicked).
+    /// counted in [`Stats::panicked`](crate::Stats::panicked). A future's wake dropped
+    /// unrun (by a spawner that panics, or drops it) still completes its
+    /// [`Sleep`](crate::Sleep) elapsed, waking its task on the dropping thread: the
+    /// timer fired, so the deadline has passed.
     ///
     /// `shutdown` waits for the hand-over, not for the runs: a [`Callback`] stays
     /// runnable after it. So a repeating timer whose run is handed over (or under way)

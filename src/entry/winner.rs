@@ -50,11 +50,25 @@ impl FiredEntry {
 }
 
 impl Drop for FiredEntry {
+    /// Drops the callback unrun. A sleep's timer is the exception: it fired, so its
+    /// deadline has passed, and dropped unrun (a spawner that drops or panics on the
+    /// wake it was handed, a queue dropped at shutdown) it still finishes the sleep
+    /// elapsed, waking its task, where dropping its "callback" would finish it
+    /// abandoned: refused with `Shutdown` while the service runs.
     fn drop(&mut self) {
         if !self.taken {
-            // SAFETY: we won Pending → Fired and never took the callback, so we own it
-            // and drop it instead of running it.
-            unsafe { self.entry.drop_callback() };
+            if self.entry.header().vtable.sleep {
+                let header = self.entry.0;
+                // SAFETY: the entry is live (we hold a reference) and we won Pending →
+                // Fired with the callback untaken; a sleep's `run` takes nothing out
+                // of the entry (it finishes the sleep), and `taken` stays false only
+                // because this value is going.
+                unsafe { (self.entry.header().vtable.run)(header) };
+            } else {
+                // SAFETY: we won Pending → Fired and never took the callback, so we
+                // own it and drop it instead of running it.
+                unsafe { self.entry.drop_callback() };
+            }
         }
     }
 }
