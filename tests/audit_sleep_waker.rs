@@ -1017,6 +1017,19 @@ impl Raw {
 
 static RAW_VTABLE: RawWakerVTable = Raw::vtable();
 
+/// Polls `sleep` with `bad`'s waker, whose `clone` panics (as an executor that
+/// catches a task's panic would): the panic comes through the poll.
+fn poll_panicking_in_clone(sleep: &mut Pin<Box<Sleep>>, bad: &Arc<Raw>) {
+    let bad_waker = bad.waker();
+    let panicked = catch_unwind(AssertUnwindSafe(|| {
+        let _ = sleep.as_mut().poll(&mut Context::from_waker(&bad_waker));
+    }));
+    assert!(
+        panicked.is_err(),
+        "the user's clone panicked through the poll"
+    );
+}
+
 /// Found by this audit (fixed: `PollUnwind` in `src/entry/sleep.rs` clears POLLING
 /// when a poll unwinds out of the clone): a waker whose `clone` panics inside
 /// `Sleep::poll`. The poll stores the new waker between setting
@@ -1059,15 +1072,7 @@ fn a_waker_whose_clone_panics_mid_poll_leaves_the_sleep_uncancellable() {
         2,
         "the timer keeps the good waker"
     );
-    let bad_waker = bad.waker();
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let _ = sleep.as_mut().poll(&mut Context::from_waker(&bad_waker));
-    }));
-    assert!(
-        panicked.is_err(),
-        "the user's clone panicked through the poll"
-    );
-    drop(bad_waker);
+    poll_panicking_in_clone(&mut sleep, &bad);
     // Filed through the ring when the shard's token was busy: counted once taken.
     assert!(wait_until(Duration::from_millis(500), || timer
         .stats()
@@ -1109,12 +1114,7 @@ fn a_waker_whose_clone_panics_mid_poll_loses_the_previous_wakers_wake() {
         .poll(&mut Context::from_waker(&waker))
         .is_pending());
     drop(waker);
-    let bad_waker = bad.waker();
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let _ = sleep.as_mut().poll(&mut Context::from_waker(&bad_waker));
-    }));
-    assert!(panicked.is_err());
-    drop(bad_waker);
+    poll_panicking_in_clone(&mut sleep, &bad);
     let woken = wait_until(Duration::from_secs(2), || good.wakes.load(SeqCst) == 1);
     let dropped_on = good.dropped_on.lock().unwrap().clone();
     assert!(
@@ -1144,12 +1144,7 @@ fn a_fire_during_a_panicking_clone_still_wakes_the_previous_waker() {
         .poll(&mut Context::from_waker(&waker))
         .is_pending());
     drop(waker);
-    let bad_waker = bad.waker();
-    let panicked = catch_unwind(AssertUnwindSafe(|| {
-        let _ = sleep.as_mut().poll(&mut Context::from_waker(&bad_waker));
-    }));
-    assert!(panicked.is_err());
-    drop(bad_waker);
+    poll_panicking_in_clone(&mut sleep, &bad);
     assert!(
         wait_until(LOST, || good.wakes.load(SeqCst) == 1),
         "the fire during the panicking poll woke nobody"

@@ -8,9 +8,10 @@
 //! cancelled callback), where the first outcome must win.
 //! Asserts: the task always completes — loom reports a deadlock if a wake-up is lost
 //! (the task parked with no wake to come) — and it sees the outcome that won.
-//! Seeded bug that makes it fail: `poll_finished` ignoring the outcome its clear of
-//! `POLLING` reads back (`let finished = false && ..`: a finish that won while the
-//! poll stored its waker left the waker to the poll, which then parks for ever):
+//! Seeded bug that makes it fail: the poll ignoring the outcome its clear of `POLLING`
+//! reads back (`SleepShared::end_poll` answering "no finish" always: a finish that won
+//! while the poll stored its waker left the waker to the poll, which then parks for
+//! ever):
 //! "deadlock; threads = [(Id(0), Blocked(Location(None))), (Id(1), Terminated)]", in
 //! models 1, 2 and 5 (checked at issue 41; before it, with the waker under a mutex,
 //! dropping the re-check of `outcome` after the store did the same). The finish

@@ -98,19 +98,21 @@ impl Coarse {
         })
     }
 
+    /// How far the coarse clock has moved since the calibration, or `None` if it
+    /// cannot be read or went back.
+    fn since_base(&self) -> Option<Duration> {
+        coarse_monotonic(false)?.checked_sub(self.coarse_base)
+    }
+
     /// The coarse estimate of now (module docs: `m`), or `None` if it does not fit.
     fn estimate(&self) -> Option<Instant> {
-        coarse_monotonic(false)
-            .and_then(|coarse| coarse.checked_sub(self.coarse_base))
-            .and_then(|since| self.instant_base.checked_add(since))
+        self.instant_base.checked_add(self.since_base()?)
     }
 
     /// An instant at or after now (module docs: `m + w + 4J`), from the coarse clock
     /// alone.
     fn latest_now(&self) -> Option<Instant> {
-        coarse_monotonic(false)
-            .and_then(|coarse| coarse.checked_sub(self.coarse_base))
-            .and_then(|since| self.latest_base.checked_add(since))
+        self.latest_base.checked_add(self.since_base()?)
     }
 
     /// Whether `deadline` is at or before now: from the coarse clock when it is

@@ -240,17 +240,7 @@ impl SleepShared {
             }
         });
         core::mem::forget(unwinding);
-        // ORDERING: Release publishes the stored waker to a finish whose CAS comes
-        // later (its Acquire); Acquire reads an outcome a finish set meanwhile.
-        let before = self.state.fetch_and(!POLLING, Ordering::AcqRel);
-        let finished = before & OUTCOME != WAITING;
-        let left_to_us = if finished {
-            // SAFETY: a finish won while POLLING was set, so it left the waker to us;
-            // nobody else touches it once the outcome is set (the handshake).
-            self.waker.with_mut(|waker| unsafe { (*waker).take() })
-        } else {
-            None
-        };
+        let (finished, left_to_us) = self.end_poll();
         // User code last: the wakers go after the handshake.
         drop(replaced);
         drop(left_to_us);
@@ -259,6 +249,22 @@ impl SleepShared {
         } else {
             Poll::Pending
         }
+    }
+
+    /// Ends a poll's hold of the waker: clears `POLLING` and says whether a finish
+    /// came meanwhile, with the waker that finish left to the poll (the caller drops
+    /// it, or wakes it where the poll cannot return `Ready`).
+    fn end_poll(&self) -> (bool, Option<Waker>) {
+        // ORDERING: Release publishes the stored waker to a finish whose CAS comes
+        // later (its Acquire); Acquire reads an outcome a finish set meanwhile.
+        let before = self.state.fetch_and(!POLLING, Ordering::AcqRel);
+        if before & OUTCOME == WAITING {
+            return (false, None);
+        }
+        // SAFETY: a finish won while POLLING was set, so it left the waker to this
+        // poll; nobody else touches it once the outcome is set (the handshake).
+        let waker = self.waker.with_mut(|waker| unsafe { (*waker).take() });
+        (true, waker)
     }
 }
 
@@ -272,15 +278,8 @@ struct PollUnwind<'a>(&'a SleepShared);
 
 impl Drop for PollUnwind<'_> {
     fn drop(&mut self) {
-        // ORDERING: AcqRel, as the clear in `poll_finished`: the same hand-over.
-        let before = self.0.state.fetch_and(!POLLING, Ordering::AcqRel);
-        if before & OUTCOME != WAITING {
-            // SAFETY: a finish won while POLLING was set, so it left the waker to this
-            // poll; nobody else touches it once the outcome is set (the handshake).
-            let waker = self.0.waker.with_mut(|waker| unsafe { (*waker).take() });
-            if let Some(waker) = waker {
-                waker.wake();
-            }
+        if let (true, Some(waker)) = self.0.end_poll() {
+            waker.wake();
         }
     }
 }
