@@ -950,6 +950,8 @@ fn an_interval_with_fresh_wakers_never_ticks_early_and_loses_no_wake() {
 /// records the thread each of its clones is dropped on.
 struct Raw {
     panic_clone: bool,
+    /// Whether `wake` panics (after counting the wake and giving back its count).
+    panic_wake: bool,
     /// How long each clone blocks (a slow user clone: it widens the window in which a
     /// poll stores its waker).
     clone_delay: Duration,
@@ -965,7 +967,19 @@ impl Raw {
     fn slow(panic_clone: bool, clone_delay: Duration) -> Arc<Raw> {
         Arc::new(Raw {
             panic_clone,
+            panic_wake: false,
             clone_delay,
+            wakes: AtomicUsize::new(0),
+            dropped_on: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A waker whose `wake` panics.
+    fn panicking_in_wake() -> Arc<Raw> {
+        Arc::new(Raw {
+            panic_clone: false,
+            panic_wake: true,
+            clone_delay: Duration::ZERO,
             wakes: AtomicUsize::new(0),
             dropped_on: Mutex::new(Vec::new()),
         })
@@ -994,9 +1008,14 @@ impl Raw {
         }
         unsafe fn wake(ptr: *const ()) {
             // SAFETY: the waker's pointer, consumed: wake then drop.
+            let panics = unsafe { &*ptr.cast::<Raw>() }.panic_wake;
+            // SAFETY: as above.
             unsafe { wake_by_ref(ptr) };
             // SAFETY: as above; this consumes the waker's count.
             unsafe { drop_raw(ptr) };
+            if panics {
+                panic!("audit: a waker whose wake panics");
+            }
         }
         unsafe fn wake_by_ref(ptr: *const ()) {
             // SAFETY: a live waker's pointer.
@@ -1138,6 +1157,38 @@ fn a_fire_during_a_panicking_clone_still_wakes_the_previous_waker() {
     let good = Raw::new(false);
     let bad = Raw::slow(true, Duration::from_millis(50));
     let mut sleep = Box::pin(timer.sleep(Duration::from_millis(2)));
+    let waker = good.waker();
+    assert!(sleep
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    drop(waker);
+    poll_panicking_in_clone(&mut sleep, &bad);
+    assert!(
+        wait_until(LOST, || good.wakes.load(SeqCst) == 1),
+        "the fire during the panicking poll woke nobody"
+    );
+    assert!(poll_with(sleep.as_mut(), &Flag::new()).is_ready());
+    assert_eq!(good.wakes.load(SeqCst), 1, "woken once");
+    drop(sleep);
+    assert!(released_arc(&good));
+    assert!(released_arc(&bad));
+    assert!(timer.shutdown().is_empty());
+}
+
+/// As above, and the earlier waker's `wake` panics too: the guard's wake runs while
+/// the clone's panic unwinds, and a second panic escaping the guard's drop aborted the
+/// process (noted in session 20, fixed since: the guard catches the wake's panic and
+/// forgets its payload). The clone's panic comes through the poll; the earlier waker
+/// is woken once and released; the sleep completes at its next poll.
+#[test]
+fn a_fire_during_a_panicking_clone_wakes_a_panicking_waker_without_aborting() {
+    let timer = small_timer();
+    let good = Raw::panicking_in_wake();
+    // The clone outlasts the deadline by far, so the fire lands inside it even on
+    // a loaded machine.
+    let bad = Raw::slow(true, Duration::from_millis(150));
+    let mut sleep = Box::pin(timer.sleep(Duration::from_millis(20)));
     let waker = good.waker();
     assert!(sleep
         .as_mut()

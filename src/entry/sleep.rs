@@ -273,13 +273,19 @@ impl SleepShared {
 /// waker to the poll: it is woken here, as that finish would have woken it, so a
 /// caller that catches the panic and keeps the sleep loses no wake-up (audit
 /// `tests/audit_sleep_waker.rs`: with the bit left set, a drop could no longer
-/// cancel the timer, and the earlier waker was never woken).
+/// cancel the timer, and the earlier waker was never woken). That wake runs while the
+/// clone's panic unwinds: a panic of the wake is caught here, its payload forgotten
+/// (not dropped: a payload may panic on drop too), and the clone's panic goes on, so
+/// that a second panic escaping this drop does not abort the process.
 struct PollUnwind<'a>(&'a SleepShared);
 
 impl Drop for PollUnwind<'_> {
     fn drop(&mut self) {
         if let (true, Some(waker)) = self.0.end_poll() {
-            waker.wake();
+            let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
+            if let Err(payload) = woken {
+                core::mem::forget(payload);
+            }
         }
     }
 }
