@@ -274,9 +274,9 @@ impl SleepShared {
 /// caller that catches the panic and keeps the sleep loses no wake-up (audit
 /// `tests/audit_sleep_waker.rs`: with the bit left set, a drop could no longer
 /// cancel the timer, and the earlier waker was never woken). That wake runs while the
-/// clone's panic unwinds: a panic of the wake is caught here, its payload forgotten
-/// (not dropped: a payload may panic on drop too), and the clone's panic goes on, so
-/// that a second panic escaping this drop does not abort the process.
+/// clone's panic unwinds: a panic of the wake is caught here and its payload dropped
+/// (a panic of that drop caught as well, its payload forgotten), and the clone's panic
+/// goes on, so that a second panic escaping this drop does not abort the process.
 struct PollUnwind<'a>(&'a SleepShared);
 
 impl Drop for PollUnwind<'_> {
@@ -284,7 +284,14 @@ impl Drop for PollUnwind<'_> {
         if let (true, Some(waker)) = self.0.end_poll() {
             let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
             if let Err(payload) = woken {
-                core::mem::forget(payload);
+                // Dropped here, with its own drop's panic caught too: only a payload
+                // that panics on drop leaves that second payload forgotten (leaked).
+                let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    drop(payload);
+                }));
+                if let Err(again) = dropped {
+                    core::mem::forget(again);
+                }
             }
         }
     }
