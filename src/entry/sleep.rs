@@ -275,25 +275,25 @@ impl SleepShared {
 /// `tests/audit_sleep_waker.rs`: with the bit left set, a drop could no longer
 /// cancel the timer, and the earlier waker was never woken). That wake runs while the
 /// clone's panic unwinds: a panic of the wake is caught here and its payload dropped
-/// (a panic of that drop caught as well, its payload forgotten), and the clone's panic
+/// as a pool worker drops a callback's (`executor::run_caught`), and the clone's panic
 /// goes on, so that a second panic escaping this drop does not abort the process.
 struct PollUnwind<'a>(&'a SleepShared);
 
 impl Drop for PollUnwind<'_> {
     fn drop(&mut self) {
         if let (true, Some(waker)) = self.0.end_poll() {
-            let woken = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
-            if let Err(payload) = woken {
-                // Dropped here, with its own drop's panic caught too: only a payload
-                // that panics on drop leaves that second payload forgotten (leaked).
-                let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    drop(payload);
-                }));
-                if let Err(again) = dropped {
-                    core::mem::forget(again);
-                }
-            }
+            crate::executor::run_caught(WakeCaught(waker));
         }
+    }
+}
+
+/// A waker's wake, run by [`run_caught`](crate::executor::run_caught), which catches
+/// its panic and drops the payload (see there).
+struct WakeCaught(Waker);
+
+impl crate::executor::Task for WakeCaught {
+    fn run(self) {
+        self.0.wake();
     }
 }
 
